@@ -1,0 +1,89 @@
+"""`forecaster` command line: the pipeline commands plus `serve`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from service.settings import DEFAULT_MODEL_URI, ServiceSettings, settings_env
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    overrides = {
+        "host": args.host,
+        "port": args.port,
+        "workers": args.workers,
+        "model_uri": args.model_uri,
+        "device": args.device,
+        "tracking_uri": args.tracking_uri,
+        "data_dir": args.data_dir,
+    }
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        settings = ServiceSettings(**overrides)
+    except ValidationError as exc:
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "settings"
+            print(f"forecaster serve: invalid setting {field}: {err['msg']}", file=sys.stderr)
+        return 2
+    # Worker processes rebuild the settings from the environment, so the overrides travel there.
+    os.environ.update(settings_env(overrides))
+    uvicorn.run(
+        "service.app:create_app",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=int(settings.request_timeout_s) + 1,
+    )
+    return 0
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser(
+        "serve",
+        help="run the forecasting HTTP service (uvicorn)",
+        description="Serve online and batch forecasts from the model registry. Options "
+        "override the FORECASTER_SERVICE_* environment settings.",
+    )
+    serve.add_argument("--host", help="interface to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to bind (default 8000)")
+    serve.add_argument("--workers", type=int, help="uvicorn worker processes (default 1)")
+    serve.add_argument(
+        "--model-uri", help=f"registry URI of the model to serve (default {DEFAULT_MODEL_URI})"
+    )
+    serve.add_argument("--device", help="torch device, e.g. cpu or cuda (default: auto)")
+    serve.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI)")
+    serve.add_argument("--data-dir", help="directory for batch-job files and the job database")
+    serve.set_defaults(handler=_serve)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="forecaster", description="Transformer time-series forecasting."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    try:
+        from pipelines.cli import register_commands
+    except ImportError:  # pipelines/cli.py lands in parallel; drop this guard once it has
+        register_commands = None
+    if register_commands is not None:
+        register_commands(sub)
+    _add_serve(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    sys.exit(args.handler(args))
+
+
+if __name__ == "__main__":
+    main()

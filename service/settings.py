@@ -1,0 +1,149 @@
+"""The service's one settings object, read from the environment (prefix FORECASTER_SERVICE_).
+
+Every value is checked when the settings are built, so a bad deployment fails at start with a
+message naming the setting instead of on the first request.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+ENV_PREFIX = "FORECASTER_SERVICE_"
+DEFAULT_MODEL_URI = "models:/forecaster@champion"
+
+
+class ServiceSettings(BaseSettings):
+    """Deployment settings of the forecasting service."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_file=".env", extra="ignore", validate_default=True
+    )
+
+    # Where uvicorn listens; `forecaster serve --host/--port/--workers` override these.
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    # Worker processes. Each loads its own copy of the model and runs its own batcher.
+    workers: int = Field(1, ge=1, le=64)
+
+    # Registry URI of the model to serve; the alias is polled and followed.
+    model_uri: str = DEFAULT_MODEL_URI
+    # MLflow tracking/registry URI; None means MLflow's own resolution (MLFLOW_TRACKING_URI).
+    tracking_uri: str | None = None
+    # torch device for inference ("cpu", "cuda", "cuda:1"); None picks cuda when present.
+    device: str | None = None
+    # Seconds between checks of the registry alias for a new version.
+    poll_interval_s: float = Field(30.0, gt=0)
+
+    # API keys (comma-separated in the environment). When set, every route needs one in the
+    # `X-API-Key` header or as `Authorization: Bearer <key>`; model reload always needs one.
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+
+    # Dynamic micro-batching of online requests: most series per forward pass, and how long
+    # the first request of a batch may wait for others that are already on their way.
+    max_batch_size: int = Field(256, ge=1)
+    max_batch_wait_ms: float = Field(5.0, ge=0, le=10_000)
+    # Online requests (forecast, invocations) running longer than this get 504.
+    request_timeout_s: float = Field(30.0, gt=0)
+
+    # Limits, each answered with a 4xx naming the limit.
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    max_series_per_request: int = Field(1000, ge=1)
+    max_history_length: int = Field(20_000, ge=1)
+    max_upload_bytes: int = Field(4 * 1024**3, ge=1024)
+
+    # Batch jobs: SQLite database and files live here; jobs submitted by path must name a
+    # file under `input_dir` (default: `<data_dir>/inputs`).
+    data_dir: Path = Path("data/service")
+    input_dir: Path | None = None
+    # Jobs processed at the same time, series per model call within a job, and the input
+    # bytes per partition (what one worker holds in memory at once, roughly 3-5x this).
+    batch_workers: int = Field(1, ge=1, le=64)
+    batch_chunk_series: int = Field(2048, ge=1)
+    batch_partition_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    # A running job whose worker has not reported for this long is taken over by another.
+    job_lease_s: float = Field(60.0, gt=0)
+
+    log_level: str = "info"
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [k.strip() for k in value.split(",") if k.strip()]
+        return value
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_long_enough(cls, value: list[SecretStr]) -> list[SecretStr]:
+        for key in value:
+            if len(key.get_secret_value()) < 16:
+                raise ValueError("every API key must have at least 16 characters")
+        return value
+
+    @field_validator("model_uri")
+    @classmethod
+    def _check_model_uri(cls, value: str) -> str:
+        value = value.strip()
+        if not value:
+            raise ValueError("model_uri must not be empty")
+        if value.startswith("models:/"):
+            rest = value[len("models:/") :]
+            if not rest or rest.startswith("/") or ("@" not in rest and "/" not in rest):
+                raise ValueError(
+                    f"expected models:/NAME@alias or models:/NAME/version, got {value!r}"
+                )
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str | None) -> str | None:
+        if value in (None, "", "auto"):
+            return None
+        import torch
+
+        try:
+            device = torch.device(value)
+        except (RuntimeError, ValueError) as exc:
+            raise ValueError(
+                f"expected a torch device such as cpu or cuda:0, got {value!r}"
+            ) from exc
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {value!r} asked for, but CUDA is not available here")
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _check_log_level(cls, value: str) -> str:
+        levels = ("critical", "error", "warning", "info", "debug", "trace")
+        if value.lower() not in levels:
+            raise ValueError(f"expected one of {levels}, got {value!r}")
+        return value.lower()
+
+    @model_validator(mode="after")
+    def _check_dirs(self) -> ServiceSettings:
+        if self.input_dir is None:
+            self.input_dir = self.data_dir / "inputs"
+        for name in ("data_dir", "input_dir"):
+            path = Path(getattr(self, name))
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ValueError(f"{name}: cannot create {str(path)!r}: {exc}") from exc
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise ValueError(f"{name}: {str(path)!r} is not writable")
+        return self
+
+    @property
+    def model_label(self) -> str:
+        """`NAME@alias` (or NAME/version) of the configured model, for messages."""
+        return self.model_uri.removeprefix("models:/")
+
+
+def settings_env(overrides: dict[str, object]) -> dict[str, str]:
+    """Environment variables that carry CLI overrides into uvicorn's worker processes."""
+    return {f"{ENV_PREFIX}{k.upper()}": str(v) for k, v in overrides.items() if v is not None}

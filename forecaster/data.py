@@ -1,0 +1,226 @@
+"""Loading long and wide frames, the quantile column convention, and time-ordered splits.
+
+Long format (Nixtla's convention): `unique_id`, `ds`, `y` plus optional covariate columns.
+Wide CSVs such as ETTh1 (`date` plus one column per variable) become one series per numeric
+column (channel independence), `unique_id` being the column name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from forecaster.errors import (
+    EmptyDataError,
+    ForecasterInputError,
+    InvalidConfigError,
+    MissingColumnsError,
+    NonNumericValuesError,
+    SeriesTooShortError,
+)
+from forecaster.validation import ID, TARGET, TIME, parse_timestamps
+
+__all__ = [
+    "ID",
+    "TARGET",
+    "TIME",
+    "TimeSplit",
+    "load_frame",
+    "quantile_column",
+    "read_wide_csv",
+    "time_split",
+    "wide_to_long",
+]
+
+_CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.zip", ".csv.bz2", ".csv.xz")
+_PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+def quantile_column(q: float) -> str:
+    """Name of the forecast column holding quantile `q`: 0.1 -> "q0.1", 0.5 -> "q0.5"."""
+    return f"q{float(q):g}"
+
+
+def wide_to_long(df: pd.DataFrame, time_column: str = "date") -> pd.DataFrame:
+    """One series per numeric column of a wide frame; `unique_id` is the column name.
+
+    Non-numeric columns other than the time column are ignored. Rows come out grouped by
+    series in column order, time in the file's order within each.
+    """
+    if not isinstance(df, pd.DataFrame):
+        raise ForecasterInputError(f"data: expected a pandas DataFrame, got {type(df).__name__}")
+    if len(df) == 0:
+        raise EmptyDataError("wide frame has no rows", field=time_column)
+    if time_column not in df.columns:
+        raise MissingColumnsError(
+            f"wide frame lacks its time column {time_column!r}; present columns: "
+            f"{list(map(str, df.columns))}",
+            field=time_column,
+        )
+    value_columns = [
+        c
+        for c in df.columns
+        if c != time_column
+        and pd.api.types.is_numeric_dtype(df[c])
+        and not pd.api.types.is_bool_dtype(df[c])
+    ]
+    if not value_columns:
+        raise NonNumericValuesError(
+            f"wide frame has no numeric value columns besides {time_column!r}; present columns: "
+            f"{list(map(str, df.columns))}",
+            field=time_column,
+        )
+    ds = parse_timestamps(df[time_column])
+    n_rows, n_cols = len(df), len(value_columns)
+    values = df[value_columns].to_numpy(dtype=np.float64, na_value=np.nan)  # (T, C)
+    return pd.DataFrame(
+        {
+            ID: pd.array(
+                np.repeat(np.asarray(value_columns, dtype=object).astype(str), n_rows), dtype="str"
+            ),
+            TIME: np.tile(ds, n_cols),
+            TARGET: values.T.reshape(-1),
+        }
+    )
+
+
+def read_wide_csv(path: str | Path, time_column: str = "date") -> pd.DataFrame:
+    """A wide CSV (e.g. ETTh1.csv: `date` plus one column per variable) as a long frame."""
+    return wide_to_long(_read(Path(path)), time_column=time_column)
+
+
+def load_frame(path: str | Path, *, time_column: str | None = None) -> pd.DataFrame:
+    """Load CSV or Parquet (by suffix) as a long frame.
+
+    A file with `unique_id`, `ds` and `y` columns is long already (its `ds` is parsed, other
+    columns kept as covariates); anything else is read as wide with a `date` (or `time_column`)
+    column. The result is not validated: call `validate_long_frame` on it.
+    """
+    path = Path(path)
+    df = _read(path)
+    if {ID, TIME, TARGET} <= set(df.columns) and time_column in (None, TIME):
+        df[ID] = df[ID].astype("str")
+        df[TIME] = parse_timestamps(df[TIME], df[ID].to_numpy(dtype=object))
+        return df
+    column = time_column or "date"
+    if column not in df.columns:
+        raise MissingColumnsError(
+            f"{path}: expected a long file with columns {[ID, TIME, TARGET]} or a wide file with "
+            f"a {column!r} time column; present columns: {list(map(str, df.columns))}",
+            field=column,
+        )
+    return wide_to_long(df, time_column=column)
+
+
+def _read(path: Path) -> pd.DataFrame:
+    name = path.name.lower()
+    if name.endswith(_CSV_SUFFIXES):
+        reader = _read_csv
+    elif name.endswith(_PARQUET_SUFFIXES):
+        reader = pd.read_parquet
+    else:
+        raise ForecasterInputError(
+            f"{path}: unknown file type {path.suffix!r}; expected one of "
+            f"{list(_CSV_SUFFIXES + _PARQUET_SUFFIXES)}",
+            field="path",
+        )
+    if not path.is_file():
+        raise ForecasterInputError(f"{path}: no such file", field="path")
+    try:
+        df = reader(path)
+    except pd.errors.EmptyDataError:
+        raise EmptyDataError(f"{path}: file is empty", field="path") from None
+    except (OSError, ValueError, pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise ForecasterInputError(f"{path}: cannot read file: {exc}", field="path") from None
+    except Exception as exc:  # pyarrow raises its own ArrowInvalid for corrupt Parquet
+        raise ForecasterInputError(
+            f"{path}: cannot read file: {type(exc).__name__}: {exc}", field="path"
+        ) from None
+    if len(df) == 0:
+        raise EmptyDataError(
+            f"{path}: file has a header but no rows (columns {list(map(str, df.columns))})",
+            field="path",
+        )
+    return df
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    # Series ids stay text: "007" must not become the integer 7.
+    return pd.read_csv(path, dtype={ID: "str"})
+
+
+@dataclass(frozen=True)
+class TimeSplit:
+    """Time-ordered splits of a long frame.
+
+    `val` and `test` each start with `context_length` points of history (which overlap the
+    previous split) followed by their own `val_length` / `test_length` points.
+    """
+
+    train: pd.DataFrame
+    val: pd.DataFrame
+    test: pd.DataFrame
+
+
+def time_split(
+    df: pd.DataFrame, *, val_length: int, test_length: int, context_length: int = 0
+) -> TimeSplit:
+    """Split every series in time: train, then validation, then test.
+
+    Per series of n points: train holds the first n - val_length - test_length points;
+    val the next val_length points preceded by context_length points of history; test the
+    last test_length points preceded likewise. A series must have at least
+    max(1, context_length) training points, else `SeriesTooShortError`.
+    """
+    for name, value in (
+        ("val_length", val_length),
+        ("test_length", test_length),
+        ("context_length", context_length),
+    ):
+        if not isinstance(value, int | np.integer) or value < 0:
+            raise InvalidConfigError(f"{name}: expected an int >= 0, got {value!r}", field=name)
+    if not isinstance(df, pd.DataFrame):
+        raise ForecasterInputError(f"data: expected a pandas DataFrame, got {type(df).__name__}")
+    if len(df) == 0:
+        raise EmptyDataError("cannot split an empty frame")
+    missing = [c for c in (ID, TIME) if c not in df.columns]
+    if missing:
+        raise MissingColumnsError(
+            f"missing required columns {missing}; present columns: {list(map(str, df.columns))}",
+            field=missing[0],
+        )
+    codes = pd.factorize(df[ID])[0]
+    ds_i8 = parse_timestamps(df[TIME], df[ID].to_numpy(dtype=object)).view(np.int64)
+    order = np.lexsort((ds_i8, codes))  # series in order of appearance, time up
+    frame = df.iloc[order].reset_index(drop=True) if (order != np.arange(len(df))).any() else df
+    codes = codes[order]
+    lengths = np.bincount(codes)
+    n = lengths[codes]
+    position = np.arange(len(frame)) - (np.cumsum(lengths) - lengths)[codes]
+
+    n_train = lengths - val_length - test_length
+    need = max(1, context_length)
+    short = n_train < need
+    if short.any():
+        k = int(np.argmax(short))
+        sid = str(frame[ID].iat[int(np.argmax(codes == k))])
+        raise SeriesTooShortError(
+            f"series {sid!r} has {int(lengths[k])} points, expected at least "
+            f"{need + val_length + test_length} to split into train (>= {need}), "
+            f"val ({val_length}) and test ({test_length})",
+            series_id=sid,
+            field=TARGET,
+        )
+    train_end = n - val_length - test_length
+    val_end = n - test_length
+    train = position < train_end
+    val = (position >= train_end - context_length) & (position < val_end) & (val_length > 0)
+    test = (position >= val_end - context_length) & (test_length > 0)
+    return TimeSplit(
+        train=frame[train].reset_index(drop=True),
+        val=frame[val].reset_index(drop=True),
+        test=frame[test].reset_index(drop=True),
+    )

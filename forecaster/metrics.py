@@ -1,0 +1,196 @@
+"""Forecast accuracy metrics (numpy) and `evaluate`, which computes all of them on a frame.
+
+Point metrics average over every element given. sMAPE is the M4 definition in percent
+(0..200). MASE divides by the in-sample MAE of the seasonal-naive forecast; a series whose
+in-sample data is constant has no scale, gets NaN and is left out of the average in `evaluate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from forecaster.data import ID, TARGET, TIME, quantile_column
+from forecaster.errors import EmptyDataError, InvalidConfigError, MissingColumnsError
+
+
+def _pair(y: np.ndarray, y_hat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    y = np.asarray(y, dtype=np.float64)
+    y_hat = np.asarray(y_hat, dtype=np.float64)
+    if y.shape != y_hat.shape:
+        raise InvalidConfigError(
+            f"y_hat: expected the shape of y {y.shape}, got {y_hat.shape}", field="y_hat"
+        )
+    return y, y_hat
+
+
+def mae(y: np.ndarray, y_hat: np.ndarray) -> float:
+    """Mean absolute error."""
+    y, y_hat = _pair(y, y_hat)
+    return float(np.mean(np.abs(y - y_hat)))
+
+
+def mse(y: np.ndarray, y_hat: np.ndarray) -> float:
+    """Mean squared error."""
+    y, y_hat = _pair(y, y_hat)
+    return float(np.mean((y - y_hat) ** 2))
+
+
+def rmse(y: np.ndarray, y_hat: np.ndarray) -> float:
+    """Root mean squared error."""
+    return float(np.sqrt(mse(y, y_hat)))
+
+
+def smape(y: np.ndarray, y_hat: np.ndarray) -> float:
+    """Symmetric MAPE in percent, 200 * mean(|y - y_hat| / (|y| + |y_hat|)); 0/0 counts as 0."""
+    y, y_hat = _pair(y, y_hat)
+    denominator = np.abs(y) + np.abs(y_hat)
+    ratio = np.divide(
+        np.abs(y - y_hat), denominator, out=np.zeros_like(denominator), where=denominator > 0
+    )
+    return float(200.0 * np.mean(ratio))
+
+
+def mase_scale(y_insample: np.ndarray, season_length: int) -> float:
+    """In-sample MAE of the seasonal-naive forecast (lag 1 when the history is too short).
+
+    NaN when there is no scale: fewer than two points, or a constant history.
+    """
+    y_insample = np.asarray(y_insample, dtype=np.float64).reshape(-1)
+    m = season_length if y_insample.size > season_length else 1
+    if y_insample.size <= m:
+        return float("nan")
+    scale = float(np.mean(np.abs(y_insample[m:] - y_insample[:-m])))
+    return scale if scale > 0 else float("nan")
+
+
+def mase(y: np.ndarray, y_hat: np.ndarray, y_insample: np.ndarray, season_length: int) -> float:
+    """Mean absolute scaled error of one series: MAE / in-sample seasonal-naive MAE.
+
+    NaN when the scale is zero or undefined (see `mase_scale`) rather than a division by zero.
+    """
+    if season_length < 1:
+        raise InvalidConfigError(
+            f"season_length: expected >= 1, got {season_length}", field="season_length"
+        )
+    scale = mase_scale(y_insample, season_length)
+    if np.isnan(scale):
+        return float("nan")
+    return mae(y, y_hat) / scale
+
+
+def pinball_loss(y: np.ndarray, q_pred: np.ndarray, quantiles: Sequence[float]) -> float:
+    """Mean quantile (pinball) loss over points and quantiles; `q_pred`'s last axis is quantile."""
+    y = np.asarray(y, dtype=np.float64)
+    q_pred = np.asarray(q_pred, dtype=np.float64)
+    levels = np.asarray(quantiles, dtype=np.float64)
+    if q_pred.shape != (*y.shape, levels.size):
+        raise InvalidConfigError(
+            f"q_pred: expected shape {(*y.shape, levels.size)}, got {q_pred.shape}",
+            field="q_pred",
+        )
+    diff = y[..., None] - q_pred
+    return float(np.mean(np.maximum(levels * diff, (levels - 1.0) * diff)))
+
+
+def coverage(y: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> float:
+    """Share of points inside [lower, upper]."""
+    y, lower = _pair(y, lower)
+    _, upper = _pair(y, upper)
+    return float(np.mean((y >= lower) & (y <= upper)))
+
+
+def quantiles_in(frame: pd.DataFrame) -> list[float]:
+    """Quantile levels of the `q...` columns of a forecast frame, in increasing order."""
+    levels = []
+    for column in map(str, frame.columns):
+        if column.startswith("q"):
+            try:
+                level = float(column[1:])
+            except ValueError:
+                continue
+            if 0 < level < 1 and quantile_column(level) == column:
+                levels.append(level)
+    return sorted(levels)
+
+
+def evaluate(
+    forecasts: pd.DataFrame,
+    history: pd.DataFrame,
+    season_length: int,
+    quantiles: Sequence[float] | None = None,
+) -> dict[str, float]:
+    """All metrics of a forecast frame (`unique_id`, `ds`, `y`, `mean`, quantile columns).
+
+    MASE is computed per series, scaled by the seasonal-naive MAE of that series' `history`
+    before its first forecast timestamp, then averaged over series with a defined scale.
+    Pinball loss averages over the quantile columns; coverage uses the outermost quantile pair,
+    e.g. q0.1 and q0.9 give "coverage_80". `quantiles=None` takes every `q...` column.
+    """
+    needed = [ID, TIME, TARGET, "mean"]
+    levels = quantiles_in(forecasts) if quantiles is None else sorted(map(float, quantiles))
+    q_columns = [quantile_column(q) for q in levels]
+    missing = [c for c in needed + q_columns if c not in forecasts.columns]
+    if missing:
+        raise MissingColumnsError(
+            f"forecasts: missing columns {missing}; present: {list(map(str, forecasts.columns))}",
+            field=missing[0],
+        )
+    if len(forecasts) == 0:
+        raise EmptyDataError("forecasts: no rows to evaluate")
+    y = forecasts[TARGET].to_numpy(dtype=np.float64)
+    y_hat = forecasts["mean"].to_numpy(dtype=np.float64)
+    result = {
+        "mae": mae(y, y_hat),
+        "mse": mse(y, y_hat),
+        "rmse": rmse(y, y_hat),
+        "smape": smape(y, y_hat),
+        "mase": _mean_mase(forecasts, history, season_length),
+    }
+    if levels:
+        q_pred = forecasts[q_columns].to_numpy(dtype=np.float64)
+        result["pinball"] = pinball_loss(y, q_pred, levels)
+    if len(levels) >= 2:
+        level = round((levels[-1] - levels[0]) * 100, 6)
+        result[f"coverage_{level:g}"] = coverage(y, q_pred[:, 0], q_pred[:, -1])
+    return result
+
+
+def _mean_mase(forecasts: pd.DataFrame, history: pd.DataFrame, season_length: int) -> float:
+    missing = [c for c in (ID, TIME, TARGET) if c not in history.columns]
+    if missing:
+        raise MissingColumnsError(
+            f"history: missing columns {missing}; present: {list(map(str, history.columns))}",
+            field=missing[0],
+        )
+    ids = forecasts[ID].astype("str")
+    abs_err = pd.Series(
+        np.abs(forecasts[TARGET].to_numpy(np.float64) - forecasts["mean"].to_numpy(np.float64))
+    )
+    mae_per_series = abs_err.groupby(ids.to_numpy(), sort=False).mean()
+    series_index = mae_per_series.index
+    first_forecast = pd.Series(forecasts[TIME].to_numpy()).groupby(ids.to_numpy()).min()
+
+    hist_ids = history[ID].astype("str").to_numpy()
+    hist_ds = pd.Series(history[TIME].to_numpy())
+    cut = first_forecast.reindex(hist_ids).to_numpy()
+    keep = hist_ds.to_numpy() < cut  # NaT (series never forecast) compares False
+    hist = pd.DataFrame(
+        {ID: hist_ids[keep], TARGET: history[TARGET].to_numpy(np.float64)[keep]}
+    ).reset_index(drop=True)
+    mae_per_series = mae_per_series.to_numpy()
+    scale = np.full(mae_per_series.size, np.nan)
+    if len(hist):
+        lengths = hist.groupby(ID, sort=False)[TARGET].transform("size").to_numpy()
+        grouped = hist.groupby(ID, sort=False)[TARGET]
+        diff_m = (hist[TARGET] - grouped.shift(season_length)).abs().to_numpy()
+        diff_1 = (hist[TARGET] - grouped.shift(1)).abs().to_numpy()
+        # Lag 1 for series too short for a seasonal difference, as in `mase_scale`.
+        diffs = pd.Series(np.where(lengths > season_length, diff_m, diff_1))
+        per_series = diffs.groupby(hist[ID].to_numpy(), sort=False).mean()
+        scale = per_series.reindex(series_index).to_numpy(dtype=np.float64)
+    scale = np.where(scale > 0, scale, np.nan)
+    values = mae_per_series / scale
+    return float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import re
-import warnings
 
 import numpy as np
 import pandas as pd
-from pandas.tseries.frequencies import to_offset
 from pandas.tseries.offsets import (
     BaseOffset,
     BusinessDay,
@@ -21,6 +19,7 @@ from pandas.tseries.offsets import (
 )
 
 from forecaster.errors import FrequencyInferenceError, InvalidConfigError
+from forecaster.validation import parse_freq
 
 # Fixed set and order: the model's covariate width depends on it. Each is scaled to
 # [-0.5, 0.5] as GluonTS's time features are, so every frequency gets the same inputs.
@@ -106,19 +105,8 @@ _LEGACY_RE = re.compile(r"^(\d*)(M|Q|Y|A|H|T|S)(-[A-Za-z]+)?$")
 
 
 def _offset(freq: str) -> BaseOffset:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                return to_offset(freq)
-            except ValueError:
-                match = _LEGACY_RE.match(str(freq))
-                if match is None:
-                    raise
-                n, alias, anchor = match.groups()
-                return to_offset(f"{n}{_LEGACY[alias]}{anchor or ''}")
-    except (ValueError, TypeError) as exc:
-        raise FrequencyInferenceError(
-            f"freq: {freq!r} is not a pandas offset alias (expected e.g. 'h', 'D', 'MS'): {exc}",
-            field="freq",
-        ) from None
+    match = _LEGACY_RE.match(str(freq))
+    if match is not None:
+        n, alias, anchor = match.groups()
+        freq = f"{n}{_LEGACY[alias]}{anchor or ''}"
+    return parse_freq(freq)

@@ -441,7 +441,8 @@ def _check_length(codes: np.ndarray, uniques: pd.Index, min_length: int) -> None
         )
 
 
-def _parse_offset(freq: str) -> BaseOffset:
+def parse_freq(freq: str) -> BaseOffset:
+    """The pandas offset of an alias, or `FrequencyInferenceError` naming the bad alias."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -475,7 +476,7 @@ def _check_frequency(
     freq: str | None,
 ) -> BaseOffset:
     """The offset every series follows, checking each one is on it without gaps."""
-    offset = _parse_offset(freq) if freq is not None else _infer_offset(ds_i8, same, uniques, codes)
+    offset = parse_freq(freq) if freq is not None else _infer_offset(ds_i8, same, uniques, codes)
     bad = _off_grid(ds_i8, same, offset)
     if bad is None:
         return offset

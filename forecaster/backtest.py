@@ -1,0 +1,146 @@
+"""Rolling-origin backtest for anything with the `Forecaster` predict interface.
+
+The last window's cutoff leaves exactly `horizon` points of each series after it; each earlier
+window moves the cutoff back by `step`. Every window is one batched `model.predict` call over
+all series, with the history up to the cutoff and, when the model uses known-future
+covariates, their values after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import pandas as pd
+
+from forecaster.data import ID, TARGET, TIME
+from forecaster.errors import InvalidConfigError, SeriesTooShortError
+from forecaster.features import season_length
+from forecaster.metrics import evaluate
+from forecaster.validation import validate_long_frame
+
+
+class SupportsPredict(Protocol):
+    """What `backtest` needs of a model (the Forecaster and the baselines have it)."""
+
+    @property
+    def max_horizon(self) -> int: ...
+
+    def predict(
+        self,
+        df: pd.DataFrame,
+        horizon: int | None = None,
+        quantiles: Sequence[float] | None = None,
+        future_df: pd.DataFrame | None = None,
+    ) -> pd.DataFrame: ...
+
+
+@dataclass(frozen=True)
+class BacktestResult:
+    """Forecasts of every window beside the truth, and the metrics over all windows."""
+
+    forecasts: pd.DataFrame  # unique_id, ds, cutoff, y, mean, q... (window by window)
+    metrics: dict[str, float]  # metrics.evaluate over all windows
+    n_windows: int
+    horizon: int
+
+
+def backtest(
+    model: SupportsPredict,
+    df: pd.DataFrame,
+    *,
+    n_windows: int = 3,
+    step: int | None = None,
+    horizon: int | None = None,
+    quantiles: Sequence[float] | None = None,
+    covariates: Sequence[str] = (),
+) -> BacktestResult:
+    """Score `model` on `n_windows` rolling origins at the end of each series of `df`.
+
+    Args:
+        model: anything with `predict(df, horizon, quantiles, future_df)` and `max_horizon`;
+            its `min_history` and `freq`, when present, set the history each window needs and
+            the frequency `df` must have.
+        df: long frame with the full series (history and the points to score).
+        n_windows: number of forecast origins.
+        step: points between consecutive origins; defaults to `horizon` (no overlap).
+        horizon: points forecast per window; defaults to `model.max_horizon`.
+        quantiles: passed to `predict`; None lets the model use its own.
+        covariates: known-future covariate columns of `df` the model needs; their values after
+            each cutoff are passed as `future_df`.
+
+    Raises:
+        SeriesTooShortError: a series cannot hold every window after `model.min_history`
+            points of history; and any error of `validate_long_frame` for bad data.
+    """
+    horizon = int(model.max_horizon if horizon is None else horizon)
+    step = horizon if step is None else step
+    for name, value in (("n_windows", n_windows), ("step", step), ("horizon", horizon)):
+        if not isinstance(value, int | np.integer) or value < 1:
+            raise InvalidConfigError(f"{name}: expected an int >= 1, got {value!r}", field=name)
+    covariates = list(covariates)
+    min_history = int(getattr(model, "min_history", 1) or 1)
+    required = min_history + horizon + (n_windows - 1) * step
+    try:
+        validated = validate_long_frame(
+            df, covariates=covariates, min_length=required, freq=getattr(model, "freq", None)
+        )
+    except SeriesTooShortError as exc:
+        raise SeriesTooShortError(
+            f"{exc.message}: {n_windows} backtest window(s) of horizon {horizon} every {step} "
+            f"step(s) after the model's min_history of {min_history} points",
+            series_id=exc.series_id,
+            field=exc.field,
+        ) from None
+
+    frame = validated.frame
+    ids = frame[ID].to_numpy()
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    lengths = np.diff(np.r_[starts, len(frame)])
+    codes = np.repeat(np.arange(len(starts)), lengths)
+    position = np.arange(len(frame)) - starts[codes]
+    n = lengths[codes]
+    timestamps = frame[TIME].to_numpy()
+
+    windows = []
+    for back in range(n_windows - 1, -1, -1):  # oldest origin first
+        cut = n - horizon - back * step  # per row: points of history of its series
+        history = frame[position < cut].reset_index(drop=True)
+        scored = (position >= cut) & (position < cut + horizon)
+        future = frame.loc[scored, [ID, TIME, *covariates]].reset_index(drop=True)
+        forecast = model.predict(
+            history,
+            horizon=horizon,
+            quantiles=quantiles,
+            future_df=future if covariates else None,
+        )
+        truth = frame.loc[scored, [ID, TIME, TARGET]].reset_index(drop=True)
+        truth.insert(2, "cutoff", timestamps[(starts[codes] + cut - 1)[scored]])
+        windows.append(_align(truth, forecast))
+    forecasts = pd.concat(windows, ignore_index=True)
+    metrics = evaluate(
+        forecasts.drop(columns="cutoff"),
+        history=frame,
+        season_length=season_length(validated.freq),
+        quantiles=quantiles,
+    )
+    return BacktestResult(
+        forecasts=forecasts, metrics=metrics, n_windows=n_windows, horizon=horizon
+    )
+
+
+def _align(truth: pd.DataFrame, forecast: pd.DataFrame) -> pd.DataFrame:
+    """Truth rows beside the model's forecast for the same series and timestamp."""
+    forecast = forecast.copy()
+    forecast[ID] = forecast[ID].astype("str")
+    forecast[TIME] = forecast[TIME].to_numpy(dtype="datetime64[ns]")
+    merged = truth.merge(forecast, on=[ID, TIME], how="left", validate="one_to_one")
+    if merged["mean"].isna().any():
+        i = int(np.argmax(merged["mean"].isna().to_numpy()))
+        raise RuntimeError(
+            f"model.predict returned no forecast for series {merged[ID].iat[i]!r} at "
+            f"{merged[TIME].iat[i]}; expected one row per series and step after the cutoff"
+        )
+    return merged

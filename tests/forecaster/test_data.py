@@ -1,0 +1,166 @@
+"""Loaders (long/wide, CSV/Parquet), the quantile column name and time-ordered splits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from forecaster.data import (
+    load_frame,
+    quantile_column,
+    read_wide_csv,
+    time_split,
+    wide_to_long,
+)
+from forecaster.errors import (
+    EmptyDataError,
+    ForecasterInputError,
+    MissingColumnsError,
+    SeriesTooShortError,
+)
+from forecaster.validation import validate_long_frame
+
+ETTH1 = Path(__file__).parents[2].parent / "shared/data/ETTh1.csv"
+
+
+def wide_frame(n: int = 6) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "date": pd.date_range("2024-01-01", periods=n, freq="h").strftime("%Y-%m-%d %H:%M:%S"),
+            "HUFL": np.arange(n, dtype=float),
+            "OT": np.arange(n, dtype=float) * 10,
+            "note": ["x"] * n,  # non-numeric: not a series
+        }
+    )
+
+
+def test_quantile_column_names():
+    assert [quantile_column(q) for q in (0.1, 0.5, 0.9, 0.05)] == ["q0.1", "q0.5", "q0.9", "q0.05"]
+
+
+def test_wide_to_long_round_trip(tmp_path):
+    wide = wide_frame()
+    path = tmp_path / "wide.csv"
+    wide.to_csv(path, index=False)
+    long = load_frame(path)
+    assert list(long.columns) == ["unique_id", "ds", "y"]
+    assert long["unique_id"].unique().tolist() == ["HUFL", "OT"]
+    assert long["ds"].dtype == "datetime64[ns]"
+    back = long.pivot(index="ds", columns="unique_id", values="y")
+    np.testing.assert_array_equal(back["HUFL"].to_numpy(), wide["HUFL"].to_numpy())
+    np.testing.assert_array_equal(back["OT"].to_numpy(), wide["OT"].to_numpy())
+    assert validate_long_frame(long).freq == "h"
+    pd.testing.assert_frame_equal(read_wide_csv(path), long)
+
+
+def test_wide_with_other_time_column():
+    wide = wide_frame().rename(columns={"date": "timestamp"})
+    long = wide_to_long(wide, time_column="timestamp")
+    assert len(long) == 12
+    with pytest.raises(MissingColumnsError, match="'date'"):
+        wide_to_long(wide)
+
+
+def test_long_csv_and_parquet_keep_ids_as_text(tmp_path):
+    df = pd.DataFrame(
+        {
+            "unique_id": ["007"] * 3 + ["010"] * 3,
+            "ds": list(pd.date_range("2024-01-01", periods=3, freq="D")) * 2,
+            "y": np.arange(6, dtype=float),
+            "promo": [0, 1, 0, 1, 0, 1],
+        }
+    )
+    df.to_csv(tmp_path / "long.csv", index=False)
+    df.to_parquet(tmp_path / "long.parquet")
+    for name in ("long.csv", "long.parquet"):
+        loaded = load_frame(tmp_path / name)
+        assert loaded["unique_id"].tolist() == df["unique_id"].tolist()
+        assert loaded["ds"].dtype == "datetime64[ns]"
+        assert list(loaded.columns) == ["unique_id", "ds", "y", "promo"]
+
+
+def test_load_errors_name_the_path(tmp_path):
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    with pytest.raises(EmptyDataError, match="empty.csv"):
+        load_frame(empty)
+    header_only = tmp_path / "header.csv"
+    header_only.write_text("unique_id,ds,y\n")
+    with pytest.raises(EmptyDataError, match="header.csv"):
+        load_frame(header_only)
+    unknown = tmp_path / "data.xlsx"
+    unknown.write_text("x")
+    with pytest.raises(ForecasterInputError, match="data.xlsx.*unknown file type"):
+        load_frame(unknown)
+    with pytest.raises(ForecasterInputError, match="no such file"):
+        load_frame(tmp_path / "absent.csv")
+    corrupt = tmp_path / "corrupt.parquet"
+    corrupt.write_bytes(b"not parquet at all")
+    with pytest.raises(ForecasterInputError, match="corrupt.parquet"):
+        load_frame(corrupt)
+    neither = tmp_path / "neither.csv"
+    pd.DataFrame({"when": ["2024-01-01"], "v": [1.0]}).to_csv(neither, index=False)
+    with pytest.raises(MissingColumnsError, match="'date'"):
+        load_frame(neither)
+
+
+def test_etth1_loads_as_seven_hourly_series():
+    if not ETTH1.is_file():
+        pytest.skip(f"{ETTH1} is not present")
+    long = load_frame(ETTH1)
+    wide = pd.read_csv(ETTH1)
+    assert long["unique_id"].unique().tolist() == list(wide.columns[1:])
+    assert len(long) == 7 * len(wide)
+    ot = long[long["unique_id"] == "OT"]["y"].to_numpy()
+    np.testing.assert_array_equal(ot, wide["OT"].to_numpy())
+    result = validate_long_frame(long)
+    assert (result.freq, result.n_series) == ("h", 7)
+
+
+def series(n: int, ids=("a", "b")) -> pd.DataFrame:
+    return pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "unique_id": sid,
+                    "ds": pd.date_range("2024-01-01", periods=n, freq="h"),
+                    "y": np.arange(n, dtype=float),
+                }
+            )
+            for sid in ids
+        ],
+        ignore_index=True,
+    )
+
+
+def test_time_split_is_ordered_and_overlaps_only_by_context():
+    df = series(30)
+    split = time_split(df, val_length=5, test_length=4, context_length=3)
+    for sid in ("a", "b"):
+        train = split.train[split.train["unique_id"] == sid]["y"].tolist()
+        val = split.val[split.val["unique_id"] == sid]["y"].tolist()
+        test = split.test[split.test["unique_id"] == sid]["y"].tolist()
+        assert train == list(range(21))
+        assert val == list(range(18, 26))  # 3 context points, then 5 of its own
+        assert test == list(range(23, 30))  # 3 context points, then 4 of its own
+        # Beyond the context, the parts do not overlap and follow each other in time.
+        assert max(train) < min(val[3:]) and max(val) < min(test[3:])
+
+
+def test_time_split_sorts_each_series_in_time_and_keeps_columns():
+    df = series(10).assign(promo=1.0).sample(frac=1.0, random_state=0)
+    split = time_split(df, val_length=2, test_length=2)
+    assert split.train["ds"].groupby(split.train["unique_id"]).is_monotonic_increasing.all()
+    assert "promo" in split.test.columns
+    assert len(split.train) == 12 and len(split.val) == 4 and len(split.test) == 4
+
+
+def test_time_split_too_short_names_series():
+    df = pd.concat([series(30, ids=["ok"]), series(8, ids=["tiny"])], ignore_index=True)
+    with pytest.raises(SeriesTooShortError) as info:
+        time_split(df, val_length=3, test_length=3, context_length=4)
+    assert info.value.series_id == "tiny"
+    assert "'tiny' has 8 points, expected at least 10" in str(info.value)

@@ -1,0 +1,328 @@
+"""Every series-validation rule raises its own error naming the series; valid frames pass."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from forecaster.errors import (
+    DuplicateTimestampsError,
+    EmptyDataError,
+    ForecasterInputError,
+    FrequencyInferenceError,
+    InvalidTimestampsError,
+    IrregularTimestampsError,
+    MissingColumnsError,
+    MissingCovariatesError,
+    MissingValuesError,
+    NonNumericValuesError,
+    SeriesTooShortError,
+    UnsortedTimestampsError,
+)
+from forecaster.validation import (
+    infer_frequency,
+    validate_future_frame,
+    validate_long_frame,
+)
+
+
+def frame(freq: str = "h", n: int = 10, ids=("a", "b"), start: str = "2024-01-01", **cols):
+    parts = []
+    for k, sid in enumerate(ids):
+        part = pd.DataFrame(
+            {
+                "unique_id": sid,
+                "ds": pd.date_range(start, periods=n, freq=freq),
+                "y": np.arange(n, dtype=float) + 100 * k,
+            }
+        )
+        for name, values in cols.items():
+            part[name] = values
+        parts.append(part)
+    return pd.concat(parts, ignore_index=True)
+
+
+def set_cell(df: pd.DataFrame, row: int, column: str, value) -> pd.DataFrame:
+    df = df.copy()
+    df[column] = df[column].astype(object)
+    df.loc[row, column] = value
+    return df
+
+
+@pytest.mark.parametrize(
+    ("freq", "start", "expected"),
+    [
+        ("h", "2024-01-01", "h"),
+        ("D", "2024-01-01", "D"),
+        ("15min", "2024-01-01", "15min"),
+        ("MS", "2024-01-01", "MS"),
+        ("ME", "2024-01-31", "ME"),
+        ("W-MON", "2024-01-01", "W-MON"),
+        ("B", "2024-01-05", "B"),
+        ("QS", "2024-01-01", "QS-JAN"),
+    ],
+)
+def test_valid_frame_passes_and_frequency_is_inferred(freq, start, expected):
+    df = frame(freq, n=30, start=start)
+    result = validate_long_frame(df)
+    assert result.freq == expected
+    assert infer_frequency(df) == expected
+    assert result.n_series == 2
+    out = result.frame
+    assert list(out.columns) == ["unique_id", "ds", "y"]
+    assert out["ds"].dtype == "datetime64[ns]"
+    assert out["y"].dtype == "float64"
+    assert out["unique_id"].tolist() == df["unique_id"].tolist()
+    np.testing.assert_array_equal(out["y"].to_numpy(), df["y"].to_numpy())
+
+
+def test_normalises_types_and_groups_interleaved_series():
+    df = frame("h", n=5, promo=1)
+    df["ds"] = df["ds"].astype(str)  # as read from a CSV
+    df["y"] = df["y"].astype(str)  # numbers as text still parse
+    df["promo"] = df["promo"].astype(bool)
+    df["extra"] = "ignored"
+    shuffled = df.sort_values(["ds", "unique_id"], kind="stable")  # rows by time, not by series
+    result = validate_long_frame(shuffled, covariates=["promo"])
+    out = result.frame
+    assert list(out.columns) == ["unique_id", "ds", "y", "promo"]
+    assert out["unique_id"].tolist() == ["a"] * 5 + ["b"] * 5
+    assert out["ds"].is_monotonic_increasing is False  # two series, each increasing
+    assert (out.groupby("unique_id")["ds"].diff().dropna() == pd.Timedelta("1h")).all()
+    assert out["promo"].dtype == "float64" and (out["promo"] == 1.0).all()
+    assert out.index.equals(pd.RangeIndex(10))
+
+
+def test_other_target_column_is_renamed_to_y():
+    df = frame("D", n=5).rename(columns={"y": "sales"})
+    out = validate_long_frame(df, target="sales").frame
+    assert "y" in out.columns and "sales" not in out.columns
+
+
+def test_tz_aware_timestamps_are_converted_to_utc():
+    df = frame("h", n=5)
+    df["ds"] = df["ds"].dt.tz_localize("Europe/Paris")
+    out = validate_long_frame(df).frame
+    assert out["ds"].iloc[0] == pd.Timestamp("2023-12-31 23:00")
+
+
+def test_empty_frame():
+    with pytest.raises(EmptyDataError, match="no rows"):
+        validate_long_frame(frame().iloc[:0])
+
+
+def test_missing_columns_lists_missing_and_present():
+    with pytest.raises(MissingColumnsError) as info:
+        validate_long_frame(frame().drop(columns="y"), covariates=["promo"])
+    message = str(info.value)
+    assert "['y', 'promo']" in message and "['unique_id', 'ds']" in message
+    assert info.value.field == "y"
+
+
+def test_unparseable_timestamps_name_series_and_value():
+    df = set_cell(frame(), 13, "ds", "not a date")
+    with pytest.raises(InvalidTimestampsError, match="'not a date'") as info:
+        validate_long_frame(df)
+    assert info.value.series_id == "b"
+    assert info.value.field == "ds"
+    assert "'b'" in str(info.value)
+
+
+def test_numeric_timestamps_are_rejected():
+    df = frame()
+    df["ds"] = np.arange(len(df))
+    with pytest.raises(InvalidTimestampsError, match="numbers"):
+        validate_long_frame(df)
+
+
+@pytest.mark.parametrize("dtype", [object, "str"])
+def test_non_numeric_target_names_value_and_series(dtype):
+    df = frame()
+    df["y"] = df["y"].astype(dtype)
+    df.loc[14, "y"] = "abc"
+    with pytest.raises(NonNumericValuesError) as info:
+        validate_long_frame(df)
+    assert "'abc'" in str(info.value) and "'b'" in str(info.value)
+    assert "2024-01-01 04:00:00" in str(info.value)
+    assert (info.value.series_id, info.value.field) == ("b", "y")
+
+
+def test_non_numeric_covariate():
+    df = set_cell(frame(promo=0), 3, "promo", "yes")
+    with pytest.raises(NonNumericValuesError) as info:
+        validate_long_frame(df, covariates=["promo"])
+    assert (info.value.series_id, info.value.field) == ("a", "promo")
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, None])
+def test_missing_or_infinite_values(bad):
+    df = frame()
+    df.loc[12, "y"] = bad
+    with pytest.raises(MissingValuesError) as info:
+        validate_long_frame(df)
+    assert (info.value.series_id, info.value.field) == ("b", "y")
+    assert "'b'" in str(info.value) and "2024-01-01 02:00:00" in str(info.value)
+
+
+def test_missing_series_id():
+    df = set_cell(frame(), 4, "unique_id", None)
+    with pytest.raises(MissingValuesError) as info:
+        validate_long_frame(df)
+    assert info.value.field == "unique_id"
+
+
+def test_duplicate_timestamps():
+    df = frame()
+    df = pd.concat([df, df.iloc[[13]]], ignore_index=True)
+    with pytest.raises(DuplicateTimestampsError) as info:
+        validate_long_frame(df)
+    assert info.value.series_id == "b"
+    assert "2024-01-01 03:00:00" in str(info.value)
+
+
+def test_unsorted_timestamps():
+    df = frame().iloc[[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 11, 13, 14, 15, 16, 17, 18, 19]]
+    with pytest.raises(UnsortedTimestampsError) as info:
+        validate_long_frame(df)
+    assert info.value.series_id == "b"
+    assert "2024-01-01 01:00:00 follows 2024-01-01 02:00:00" in str(info.value)
+
+
+def test_gap_names_series_and_expected_vs_found():
+    df = frame().drop(index=15)
+    with pytest.raises(IrregularTimestampsError) as info:
+        validate_long_frame(df)
+    message = str(info.value)
+    assert info.value.series_id == "b"
+    assert "expected 2024-01-01 05:00:00" in message and "found 2024-01-01 06:00:00" in message
+
+
+def test_off_grid_point():
+    df = frame()
+    df.loc[3, "ds"] = pd.Timestamp("2024-01-01 03:30")
+    with pytest.raises(IrregularTimestampsError, match="off-grid") as info:
+        validate_long_frame(df)
+    assert info.value.series_id == "a"
+
+
+def test_gap_in_monthly_data():
+    df = frame("MS", n=12).drop(index=5)
+    with pytest.raises(IrregularTimestampsError, match="expected 2024-06-01") as info:
+        validate_long_frame(df)
+    assert info.value.series_id == "a"
+
+
+def test_frequency_cannot_be_inferred_from_single_points():
+    with pytest.raises(FrequencyInferenceError, match="single timestamp"):
+        validate_long_frame(frame(n=1))
+    # ...but a given freq makes single-point series valid.
+    assert validate_long_frame(frame(n=1), freq="h").freq == "h"
+
+
+def test_mixed_frequencies_name_the_odd_series():
+    df = pd.concat([frame("h", ids=["a", "b"]), frame("D", ids=["c"])], ignore_index=True)
+    with pytest.raises(FrequencyInferenceError, match="mixed") as info:
+        validate_long_frame(df)
+    assert info.value.series_id == "c"
+    assert "'D'" in str(info.value) and "'h'" in str(info.value)
+
+
+def test_given_frequency_must_match():
+    with pytest.raises(FrequencyInferenceError) as info:
+        validate_long_frame(frame("h"), freq="D")
+    assert "'D'" in str(info.value) and "'h'" in str(info.value)
+    with pytest.raises(FrequencyInferenceError, match="not a pandas offset alias"):
+        validate_long_frame(frame("h"), freq="fortnightly")
+
+
+def test_monthly_data_off_month_boundaries():
+    df = frame("MS", n=6)
+    df["ds"] = df["ds"] + pd.Timedelta(days=14)
+    with pytest.raises(FrequencyInferenceError, match="day 15"):
+        validate_long_frame(df)
+
+
+def test_series_too_short_names_series_length_and_minimum():
+    df = pd.concat([frame(n=10, ids=["long"]), frame(n=4, ids=["short"])], ignore_index=True)
+    with pytest.raises(SeriesTooShortError) as info:
+        validate_long_frame(df, min_length=5)
+    assert info.value.series_id == "short"
+    assert "'short' has 4 points, expected at least 5" in str(info.value)
+
+
+def test_every_error_is_a_value_error():
+    with pytest.raises(ValueError):
+        validate_long_frame(frame().drop(columns="ds"))
+    with pytest.raises(ForecasterInputError):
+        validate_long_frame("not a frame")
+
+
+def test_validation_is_vectorised_on_many_series():
+    n_series, n = 20_000, 50
+    df = pd.DataFrame(
+        {
+            "unique_id": np.repeat(np.arange(n_series).astype(str), n),
+            "ds": np.tile(pd.date_range("2024-01-01", periods=n, freq="h").to_numpy(), n_series),
+            "y": np.random.default_rng(0).normal(size=n_series * n),
+        }
+    )
+    # A per-row or per-series Python loop would take many seconds on a million rows.
+    result = validate_long_frame(df, min_length=n)
+    assert result.n_series == n_series and result.freq == "h"
+    df.loc[len(df) - 3, "ds"] += pd.Timedelta("1h")
+    with pytest.raises(DuplicateTimestampsError) as info:
+        validate_long_frame(df)
+    assert info.value.series_id == str(n_series - 1)
+
+
+class TestFutureFrame:
+    def history(self):
+        return validate_long_frame(frame("h", n=10, promo=0.0), covariates=["promo"])
+
+    def future(self, n=5, ids=("b", "a")):
+        return frame("h", n=n, ids=ids, start="2024-01-01 10:00").assign(promo=1.0)
+
+    def test_returns_exactly_the_horizon_in_history_order(self):
+        out = validate_future_frame(
+            self.future(), history=self.history(), horizon=3, covariates=["promo"]
+        )
+        assert list(out.columns) == ["unique_id", "ds", "promo"]
+        assert out["unique_id"].tolist() == ["a"] * 3 + ["b"] * 3
+        expected = pd.date_range("2024-01-01 10:00", periods=3, freq="h")
+        assert out["ds"].iloc[:3].tolist() == expected.tolist()
+        assert (out["promo"] == 1.0).all()
+
+    def test_missing_step_names_series_and_timestamp(self):
+        future = self.future().drop(index=1)  # series b, 11:00
+        with pytest.raises(MissingCovariatesError) as info:
+            validate_future_frame(future, history=self.history(), horizon=3, covariates=["promo"])
+        assert info.value.series_id == "b"
+        assert "2024-01-01 11:00:00" in str(info.value)
+
+    def test_missing_frame_and_column(self):
+        with pytest.raises(MissingCovariatesError, match="no future frame"):
+            validate_future_frame(None, history=self.history(), horizon=3, covariates=["promo"])
+        with pytest.raises(MissingCovariatesError, match="promo"):
+            validate_future_frame(
+                self.future().drop(columns="promo"),
+                history=self.history(),
+                horizon=3,
+                covariates=["promo"],
+            )
+
+    def test_bad_covariate_values(self):
+        future = self.future()
+        future.loc[2, "promo"] = np.nan
+        with pytest.raises(MissingValuesError) as info:
+            validate_future_frame(future, history=self.history(), horizon=3, covariates=["promo"])
+        assert (info.value.series_id, info.value.field) == ("b", "promo")
+
+    def test_monthly_future_steps(self):
+        history = validate_long_frame(frame("MS", n=6, promo=0.0), covariates=["promo"])
+        future = frame("MS", n=2, start="2024-07-01").assign(promo=1.0)
+        out = validate_future_frame(future, history=history, horizon=2, covariates=["promo"])
+        assert out["ds"].iloc[:2].tolist() == [
+            pd.Timestamp("2024-07-01"),
+            pd.Timestamp("2024-08-01"),
+        ]

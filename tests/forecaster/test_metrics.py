@@ -1,0 +1,82 @@
+"""Metrics against hand-computed values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from forecaster.metrics import (
+    coverage,
+    evaluate,
+    mae,
+    mase,
+    mse,
+    pinball_loss,
+    rmse,
+    smape,
+)
+
+Y = np.array([1.0, 2.0, 3.0])
+Y_HAT = np.array([2.0, 2.0, 5.0])
+
+
+def test_point_metrics():
+    assert mae(Y, Y_HAT) == pytest.approx(1.0)  # (1 + 0 + 2) / 3
+    assert mse(Y, Y_HAT) == pytest.approx(5 / 3)  # (1 + 0 + 4) / 3
+    assert rmse(Y, Y_HAT) == pytest.approx(np.sqrt(5 / 3))
+    # 200/3 * (1/3 + 0 + 2/8)
+    assert smape(Y, Y_HAT) == pytest.approx(200 / 3 * (1 / 3 + 0.25))
+    assert smape(np.zeros(2), np.zeros(2)) == 0.0
+
+
+def test_mase():
+    insample = np.array([1.0, 3.0, 2.0, 4.0])
+    # lag-1 naive MAE = (2 + 1 + 2) / 3 = 5/3; MAE = 1
+    assert mase(Y, Y_HAT, insample, season_length=1) == pytest.approx(0.6)
+    # lag-2 naive MAE = (1 + 1) / 2 = 1
+    assert mase(Y, Y_HAT, insample, season_length=2) == pytest.approx(1.0)
+    # Too short for the season: lag 1 instead.
+    assert mase(Y, Y_HAT, insample, season_length=24) == pytest.approx(0.6)
+    # A constant history has no scale: NaN rather than inf or a ZeroDivisionError.
+    assert np.isnan(mase(Y, Y_HAT, np.ones(10), season_length=1))
+
+
+def test_pinball_and_coverage():
+    q_pred = np.stack([Y_HAT - 1, Y_HAT + 1], axis=-1)  # q0.1 = [1, 1, 4], q0.9 = [3, 3, 6]
+    # q0.1: errors y - q = [0, 1, -1] -> [0, 0.1, 0.9]; q0.9: [-2, -1, -3] -> [0.2, 0.1, 0.3]
+    assert pinball_loss(Y, q_pred, [0.1, 0.9]) == pytest.approx(1.6 / 6)
+    assert coverage(Y, q_pred[:, 0], q_pred[:, 1]) == pytest.approx(2 / 3)
+    # The median's pinball loss is half the MAE.
+    assert pinball_loss(Y, Y_HAT[:, None], [0.5]) == pytest.approx(mae(Y, Y_HAT) / 2)
+
+
+def test_evaluate_frame():
+    forecasts = pd.DataFrame(
+        {
+            "unique_id": ["a"] * 3 + ["b"] * 3,
+            "ds": list(pd.date_range("2024-01-05", periods=3, freq="D")) * 2,
+            "y": np.r_[Y, Y],
+            "mean": np.r_[Y_HAT, Y],
+            "q0.1": np.r_[Y_HAT - 1, Y - 1],
+            "q0.5": np.r_[Y_HAT, Y],
+            "q0.9": np.r_[Y_HAT + 1, Y + 1],
+        }
+    )
+    history = pd.DataFrame(
+        {
+            "unique_id": ["a"] * 4 + ["b"] * 4 + ["a"],
+            "ds": list(pd.date_range("2024-01-01", periods=4, freq="D")) * 2
+            + [pd.Timestamp("2024-01-05")],  # at the forecast start: not in-sample
+            "y": [1.0, 3.0, 2.0, 4.0, 1.0, 2.0, 3.0, 4.0, 100.0],
+        }
+    )
+    result = evaluate(forecasts, history, season_length=1)
+    assert result["mae"] == pytest.approx(0.5)
+    assert result["mse"] == pytest.approx(5 / 6)
+    # MASE per series, then averaged: a = 1 / (5/3) = 0.6; b = 0 / 1 = 0.
+    assert result["mase"] == pytest.approx(0.3)
+    assert result["coverage_80"] == pytest.approx(5 / 6)
+    assert set(result) == {"mae", "mse", "rmse", "smape", "mase", "pinball", "coverage_80"}
+    only_median = evaluate(forecasts, history, season_length=1, quantiles=[0.5])
+    assert "coverage_80" not in only_median and "pinball" in only_median

@@ -164,3 +164,22 @@ def test_time_split_too_short_names_series():
         time_split(df, val_length=3, test_length=3, context_length=4)
     assert info.value.series_id == "tiny"
     assert "'tiny' has 8 points, expected at least 10" in str(info.value)
+
+
+def test_synthetic_data_is_valid_seeded_and_promo_lifts_y():
+    from forecaster.synthetic import generate_synthetic
+
+    df = generate_synthetic(n_series=3, n_steps=24 * 7 * 4, seed=7, with_covariates=True)
+    result = validate_long_frame(df, covariates=["promo"], min_length=24 * 7 * 4)
+    assert (result.n_series, result.freq) == (3, "h")
+    assert set(np.unique(df["promo"])) == {0.0, 1.0}
+    pd.testing.assert_frame_equal(
+        df, generate_synthetic(3, 24 * 7 * 4, seed=7, with_covariates=True)
+    )
+    assert not df["y"].equals(generate_synthetic(3, 24 * 7 * 4, seed=8, with_covariates=True)["y"])
+    # Same series and hour of the week, with and without promotion: the promo lifts y.
+    plain = generate_synthetic(n_series=3, n_steps=24 * 7 * 4, seed=7)
+    lift = (df["y"] - plain["y"]).to_numpy()
+    assert np.all(lift[df["promo"] == 0] == 0) and np.all(lift[df["promo"] == 1] > 0)
+    daily = generate_synthetic(n_series=2, n_steps=60, freq="D")
+    assert validate_long_frame(daily).freq == "D"

@@ -1,0 +1,100 @@
+"""Rolling-origin backtest: one batched predict per window, forecasts aligned with the truth."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from forecaster.backtest import BacktestResult, backtest
+from forecaster.baselines import SeasonalNaive
+from forecaster.errors import SeriesTooShortError
+from forecaster.synthetic import generate_synthetic
+
+
+class Recorder:
+    """Wraps a model and records every predict call."""
+
+    def __init__(self, model):
+        self.model = model
+        self.calls: list[dict] = []
+
+    @property
+    def min_history(self) -> int:
+        return self.model.min_history
+
+    @property
+    def max_horizon(self) -> int:
+        return self.model.max_horizon
+
+    @property
+    def freq(self) -> str | None:
+        return self.model.freq
+
+    def predict(self, df, horizon=None, quantiles=None, future_df=None):
+        self.calls.append({"df": df, "horizon": horizon, "future_df": future_df})
+        return self.model.predict(df, horizon=horizon, quantiles=quantiles, future_df=future_df)
+
+
+class Oracle:
+    """Forecasts the truth it is given as future covariates (checks what backtest passes)."""
+
+    min_history = 1
+    max_horizon = 5
+    freq = None
+
+    def predict(self, df, horizon=None, quantiles=None, future_df=None):
+        out = future_df[["unique_id", "ds"]].copy()
+        out["mean"] = future_df["y_copy"].to_numpy()
+        out["q0.1"] = out["mean"] - 1
+        out["q0.9"] = out["mean"] + 1
+        # History must end exactly at the cutoff: the step before the first future one.
+        last = df.groupby("unique_id")["ds"].max()
+        first = future_df.groupby("unique_id")["ds"].min()
+        assert ((first - last) == pd.Timedelta("1h")).all()
+        return out.sample(frac=1.0, random_state=0)  # order must not matter
+
+
+def test_one_batched_predict_per_window_aligned_with_truth():
+    df = generate_synthetic(n_series=3, n_steps=200, seed=2)
+    model = Recorder(SeasonalNaive().fit(df))
+    result = backtest(model, df, n_windows=3, horizon=12, step=6)
+    assert isinstance(result, BacktestResult)
+    assert len(model.calls) == 3 and (result.n_windows, result.horizon) == (3, 12)
+    for call in model.calls:
+        assert call["df"]["unique_id"].nunique() == 3  # every series in one call
+        assert call["horizon"] == 12 and call["future_df"] is None
+    # History lengths: the last cutoff is len - horizon, earlier ones step back by `step`.
+    lengths = [len(call["df"]) // 3 for call in model.calls]
+    assert lengths == [200 - 12 - 12, 200 - 12 - 6, 200 - 12]
+
+    fc = result.forecasts
+    assert list(fc.columns[:5]) == ["unique_id", "ds", "cutoff", "y", "mean"]
+    assert len(fc) == 3 * 3 * 12
+    truth = df.set_index(["unique_id", "ds"])["y"]
+    np.testing.assert_array_equal(
+        fc["y"].to_numpy(), truth.loc[list(zip(fc["unique_id"], fc["ds"], strict=True))]
+    )
+    assert (fc["ds"] > fc["cutoff"]).all()
+    assert ((fc["ds"] - fc["cutoff"]) <= pd.Timedelta("12h")).all()
+    # Seasonal naive: each forecast is the value one season before within the history.
+    row = fc.iloc[-1]
+    season_before = truth.loc[(row["unique_id"], row["ds"] - pd.Timedelta("24h"))]
+    assert row["mean"] == season_before
+    assert {"mae", "mse", "rmse", "smape", "mase", "pinball", "coverage_80"} <= set(result.metrics)
+
+
+def test_covariates_after_the_cutoff_are_passed_as_future_frame():
+    df = generate_synthetic(n_series=2, n_steps=50, seed=3)
+    df["y_copy"] = df["y"]
+    result = backtest(Oracle(), df, n_windows=2, covariates=["y_copy"])
+    assert len(result.forecasts) == 2 * 2 * 5
+    assert result.metrics["mae"] == pytest.approx(0.0)
+    assert result.metrics["coverage_80"] == pytest.approx(1.0)
+
+
+def test_too_short_for_the_windows():
+    df = generate_synthetic(n_series=2, n_steps=60, seed=4)
+    with pytest.raises(SeriesTooShortError, match="backtest window") as info:
+        backtest(SeasonalNaive().fit(df), df, n_windows=3, horizon=24)
+    assert info.value.series_id == "series_000"

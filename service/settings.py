@@ -88,15 +88,10 @@ class ServiceSettings(BaseSettings):
     @field_validator("model_uri")
     @classmethod
     def _check_model_uri(cls, value: str) -> str:
+        from pipelines.registry import parse_model_uri  # the one parser of model URIs
+
         value = value.strip()
-        if not value:
-            raise ValueError("model_uri must not be empty")
-        if value.startswith("models:/"):
-            rest = value[len("models:/") :]
-            if not rest or rest.startswith("/") or ("@" not in rest and "/" not in rest):
-                raise ValueError(
-                    f"expected models:/NAME@alias or models:/NAME/version, got {value!r}"
-                )
+        parse_model_uri(value)  # InvalidModelUriError is a ValueError: pydantic reports it
         return value
 
     @field_validator("device")

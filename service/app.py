@@ -1,0 +1,134 @@
+"""The FastAPI application: `create_app` builds it, `lifespan` loads the model and starts the
+background work (registry poller, micro-batcher, batch-job workers)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import torch
+from fastapi import Depends, FastAPI
+
+from service.batcher import MicroBatcher
+from service.deps import check_api_key
+from service.errors import install_error_handlers
+from service.inference import predict_items
+from service.job_runner import JobRunner
+from service.jobs import JobStore
+from service.metrics import MetricsMiddleware, ServiceMetrics
+from service.middleware import ArrivalMiddleware, BodyLimitMiddleware
+from service.model_manager import ModelManager, ModelSource, RegistrySource
+from service.routers import batch_jobs, forecast, health, models, scoring
+from service.settings import ServiceSettings
+
+logger = logging.getLogger("service")
+
+API_VERSION = "1.0.0"
+# How long startup waits for the first registry check before serving (not ready) anyway.
+STARTUP_CHECK_S = 60.0
+
+
+def _predict_in_inference_mode(items: list) -> list:
+    with torch.inference_mode():
+        return predict_items(items)
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: ServiceSettings = app.state.settings
+    metrics: ServiceMetrics = app.state.metrics
+    source: ModelSource = app.state.model_source or RegistrySource(settings)
+    manager = ModelManager(source, metrics, poll_interval_s=settings.poll_interval_s)
+    batcher = MicroBatcher(
+        _predict_in_inference_mode,
+        max_batch_size=settings.max_batch_size,
+        max_wait_s=settings.max_batch_wait_ms / 1000,
+        metrics=metrics,
+    )
+    store = JobStore(Path(settings.data_dir) / "jobs.db")
+    runner = JobRunner(
+        store,
+        Path(settings.data_dir) / "jobs",
+        manager,
+        metrics,
+        workers=settings.batch_workers,
+        chunk_series=settings.batch_chunk_series,
+        partition_bytes=settings.batch_partition_bytes,
+        lease_s=settings.job_lease_s,
+    )
+    app.state.manager = manager
+    app.state.batcher = batcher
+    app.state.job_store = store
+    app.state.job_runner = runner
+
+    batcher.start()
+    poller = asyncio.create_task(manager.run_poller(), name="model-poller")
+    if not await manager.wait_first_check(STARTUP_CHECK_S):
+        logger.warning("first registry check still running; serving without a model meanwhile")
+    if manager.current is None:
+        logger.warning("no model loaded: %s", manager.unavailable_reason())
+    runner.start()
+    try:
+        yield
+    finally:
+        await runner.stop()
+        poller.cancel()
+        with contextlib.suppress(BaseException):
+            await poller
+        await batcher.stop()
+
+
+def _configure_logging(settings: ServiceSettings) -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(
+            level=settings.log_level.upper() if settings.log_level != "trace" else "DEBUG",
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+
+
+def create_app(
+    settings: ServiceSettings | None = None, *, model_source: ModelSource | None = None
+) -> FastAPI:
+    """Build the app. `model_source` replaces the registry (tests, embedding a local model)."""
+    settings = settings or ServiceSettings()
+    _configure_logging(settings)
+    app = FastAPI(
+        title="forecaster",
+        version=API_VERSION,
+        summary="Online and batch time-series forecasts from the MLflow Model Registry.",
+        lifespan=lifespan,
+        dependencies=[Depends(check_api_key)],
+    )
+    app.state.settings = settings
+    app.state.metrics = ServiceMetrics()
+    app.state.model_source = model_source
+    install_error_handlers(app)
+    for module in (forecast, batch_jobs, models, scoring, health):
+        app.include_router(module.router)
+    # Outermost first: metrics see every response, the body limit runs before any parsing.
+    app.add_middleware(_LazyArrival)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        max_upload_bytes=settings.max_upload_bytes,
+    )
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    return app
+
+
+class _LazyArrival:
+    """ArrivalMiddleware bound to the batcher the lifespan creates."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        batcher = getattr(scope["app"].state, "batcher", None) if "app" in scope else None
+        if batcher is None:
+            await self.app(scope, receive, send)
+            return
+        await ArrivalMiddleware(self.app, batcher)(scope, receive, send)

@@ -1,0 +1,180 @@
+"""The bounded pool of batch-job workers.
+
+`batch_workers` asyncio tasks claim jobs from the store and run each in a worker thread (one
+thread per worker, so at most `batch_workers` jobs hold memory at once). While a job runs, a
+heartbeat renews its lease; on a graceful stop a running job is handed back to the queue, and
+after a crash the next start claims it again because its owner is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from service.jobs import (
+    Job,
+    JobContext,
+    JobFiles,
+    JobStopped,
+    JobStore,
+    input_error_payload,
+    new_owner,
+    process_job,
+)
+from service.metrics import ServiceMetrics
+from service.model_manager import ModelManager
+
+logger = logging.getLogger(__name__)
+
+IDLE_POLL_S = 1.0
+
+
+class JobRunner:
+    def __init__(
+        self,
+        store: JobStore,
+        jobs_dir: Path,
+        manager: ModelManager,
+        metrics: ServiceMetrics,
+        *,
+        workers: int,
+        chunk_series: int,
+        partition_bytes: int,
+        lease_s: float,
+    ):
+        self.store = store
+        self.jobs_dir = Path(jobs_dir)
+        self.manager = manager
+        self.metrics = metrics
+        self.workers = workers
+        self.chunk_series = chunk_series
+        self.partition_bytes = partition_bytes
+        self.lease_s = lease_s
+        self.owner = new_owner()
+        self._wake = asyncio.Event()
+        self._stopping = threading.Event()
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="batch-job")
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._cleanup_orphans()
+        self._tasks = [
+            asyncio.create_task(self._worker(i), name=f"batch-worker-{i}")
+            for i in range(self.workers)
+        ]
+
+    def wake(self) -> None:
+        """A job was just accepted: look now instead of at the next poll."""
+        self._wake.set()
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=timeout)
+            for task in pending:
+                task.cancel()
+            for task in pending:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _cleanup_orphans(self) -> None:
+        """Job directories without a row are uploads that were never accepted: remove them."""
+        if not self.jobs_dir.exists():
+            return
+        known = self.store.ids()
+        for path in self.jobs_dir.iterdir():
+            if path.is_dir() and path.name not in known:
+                shutil.rmtree(path, ignore_errors=True)
+
+    async def _worker(self, index: int) -> None:
+        poll = min(IDLE_POLL_S, self.lease_s / 3)
+        while not self._stopping.is_set():
+            job = None
+            served = self.manager.current
+            if served is not None:
+                try:
+                    job = await asyncio.to_thread(self.store.claim, self.owner, self.lease_s)
+                except Exception:
+                    logger.exception("claiming a batch job failed")
+            if job is None:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), poll)
+                continue
+            await self._run(job)
+
+    async def _run(self, job: Job) -> None:
+        served = self.manager.current
+        assert served is not None
+        if job.attempts > 1:
+            self.metrics.jobs.labels("resumed").inc()
+            logger.info("resuming batch job %s (attempt %d)", job.id, job.attempts)
+        else:
+            logger.info("starting batch job %s", job.id)
+
+        def report(**values: object) -> bool:
+            return self.store.update(job.id, self.owner, **values)
+
+        ctx = JobContext(
+            job=job,
+            files=JobFiles(self.jobs_dir, job.id),
+            served=served,
+            chunk_series=self.chunk_series,
+            partition_bytes=self.partition_bytes,
+            report=report,
+            stopping=self._stopping,
+        )
+        heartbeat = asyncio.create_task(self._heartbeat(job.id))
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, _run_in_inference_mode, ctx)
+        except JobStopped as exc:
+            if self._stopping.is_set():
+                await asyncio.to_thread(self.store.release, job.id, self.owner)
+                logger.info("batch job %s handed back to the queue: %s", job.id, exc)
+            else:
+                logger.info("batch job %s stopped: %s", job.id, exc)
+                self.metrics.jobs.labels("cancelled").inc()
+            return
+        except Exception as exc:
+            payload = input_error_payload(exc)
+            if payload["error"] == "internal_error":
+                logger.exception("batch job %s failed", job.id)
+            else:
+                logger.warning("batch job %s failed on its input: %s", job.id, payload["detail"])
+            await asyncio.to_thread(self.store.finish, job.id, self.owner, "failed", payload)
+            self.metrics.jobs.labels("failed").inc()
+            return
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+        finished = await asyncio.to_thread(self.store.finish, job.id, self.owner, "succeeded")
+        if finished:
+            done = await asyncio.to_thread(self.store.get, job.id)
+            self.metrics.jobs.labels("succeeded").inc()
+            if done is not None:
+                self.metrics.job_series.inc(done.series_done)
+            logger.info("batch job %s succeeded", job.id)
+
+    async def _heartbeat(self, job_id: str) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                await asyncio.to_thread(self.store.update, job_id, self.owner)
+            except Exception:
+                logger.exception("heartbeat for batch job %s failed", job_id)
+
+
+def _run_in_inference_mode(ctx: JobContext) -> None:
+    with torch.inference_mode():
+        process_job(ctx)

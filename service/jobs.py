@@ -1,0 +1,706 @@
+"""Batch jobs: persisted in SQLite plus files under the data directory, never lost.
+
+A job is accepted only after its input is on disk (fsynced) and its row is committed, so a
+crash after the 202 loses nothing. Workers claim jobs with a lease in the database; a job whose
+worker died (its process is gone, or it stopped renewing the lease) is claimed again and resumes
+where it stopped: finished partitions are kept, the rest run again.
+
+Memory stays bounded whatever the input size: the input is streamed once into hash partitions
+of about `batch_partition_bytes` each (all rows of a series land in the same partition), and
+each partition is forecast in chunks of `batch_chunk_series` series, each chunk's result
+appended to that partition's Parquet part. The parts are finally streamed into one result file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import shutil
+import socket
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from forecaster.errors import ForecasterInputError
+from service.errors import InvalidInputError
+from service.model_manager import ServedModel
+
+logger = logging.getLogger(__name__)
+
+REQUIRED_COLUMNS = ("unique_id", "ds", "y")
+MAX_PARTITIONS = 256
+MAX_ATTEMPTS = 3
+PARQUET_MAGIC = b"PAR1"
+# Parquet compresses; its rows take several times the file size once in memory.
+PARQUET_EXPANSION = 4
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    input_path TEXT NOT NULL,
+    input_owned INTEGER NOT NULL,
+    input_format TEXT NOT NULL,
+    input_bytes INTEGER NOT NULL,
+    output_format TEXT NOT NULL,
+    horizon INTEGER,
+    quantiles TEXT,
+    rows_total INTEGER,
+    rows_done INTEGER NOT NULL DEFAULT 0,
+    series_done INTEGER NOT NULL DEFAULT 0,
+    model_name TEXT,
+    model_version TEXT,
+    model_alias TEXT,
+    model_run_id TEXT,
+    owner TEXT,
+    heartbeat_at REAL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    error TEXT
+);
+CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status, created_at);
+"""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One row of the jobs table."""
+
+    id: str
+    status: str
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    input_path: str
+    input_owned: bool
+    input_format: str
+    input_bytes: int
+    output_format: str
+    horizon: int | None
+    quantiles: list[float] | None
+    rows_total: int | None
+    rows_done: int
+    series_done: int
+    model_name: str | None
+    model_version: str | None
+    model_alias: str | None
+    model_run_id: str | None
+    owner: str | None
+    heartbeat_at: float | None
+    attempts: int
+    error: dict[str, Any] | None
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> Job:
+        values = dict(row)
+        values["input_owned"] = bool(values["input_owned"])
+        values["quantiles"] = json.loads(values["quantiles"]) if values["quantiles"] else None
+        values["error"] = json.loads(values["error"]) if values["error"] else None
+        return cls(**values)
+
+    @property
+    def progress(self) -> float:
+        if self.status == "succeeded":
+            return 1.0
+        if not self.rows_total:
+            return 0.0
+        return min(1.0, self.rows_done / self.rows_total)
+
+
+def new_owner() -> str:
+    """Identity of this process's workers: host, pid and a token unique to this start."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+def _owner_is_dead(owner: str | None, me: str) -> bool:
+    """True when `owner` is a previous run on this host: its pid is gone, or it is our own
+    pid under another token (a restarted container reuses its pid)."""
+    if not owner:
+        return True
+    try:
+        host, pid_text, token = owner.rsplit(":", 2)
+        pid = int(pid_text)
+    except ValueError:
+        return True
+    my_host, my_pid, my_token = me.rsplit(":", 2)
+    if host != my_host:
+        return False  # another machine's worker: only its lease tells
+    if pid == int(my_pid):
+        return token != my_token
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class JobStore:
+    """The jobs table. Every method opens its own connection: safe from any thread."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._connect() as conn:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.executescript(_SCHEMA)
+
+    @contextlib.contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA synchronous=FULL")
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    def create(self, **values: Any) -> Job:
+        values = dict(values)
+        values.setdefault("status", "queued")
+        values.setdefault("created_at", time.time())
+        if values.get("quantiles") is not None:
+            values["quantiles"] = json.dumps(list(values["quantiles"]))
+        values["input_owned"] = int(bool(values.get("input_owned", True)))
+        columns = ", ".join(values)
+        marks = ", ".join("?" for _ in values)
+        with self._connect() as conn:
+            conn.execute(f"INSERT INTO jobs ({columns}) VALUES ({marks})", tuple(values.values()))
+        job = self.get(values["id"])
+        assert job is not None
+        return job
+
+    def get(self, job_id: str) -> Job | None:
+        with self._connect() as conn:
+            row = conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return Job.from_row(row) if row else None
+
+    def list(self, limit: int = 100, status: str | None = None) -> list[Job]:
+        query = "SELECT * FROM jobs"
+        args: tuple[Any, ...] = ()
+        if status:
+            query += " WHERE status = ?"
+            args = (status,)
+        query += " ORDER BY created_at DESC LIMIT ?"
+        with self._connect() as conn:
+            rows = conn.execute(query, (*args, limit)).fetchall()
+        return [Job.from_row(r) for r in rows]
+
+    def count_pending(self) -> int:
+        with self._connect() as conn:
+            row = conn.execute(
+                "SELECT COUNT(*) FROM jobs WHERE status IN ('queued', 'running')"
+            ).fetchone()
+        return int(row[0])
+
+    def claim(self, owner: str, lease_s: float) -> Job | None:
+        """Take the oldest queued job, or a running one whose worker is gone."""
+        now = time.time()
+        with self._connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                chosen = conn.execute(
+                    "SELECT * FROM jobs WHERE status = 'queued' ORDER BY created_at LIMIT 1"
+                ).fetchone()
+                if chosen is None:
+                    for row in conn.execute(
+                        "SELECT * FROM jobs WHERE status = 'running' ORDER BY created_at"
+                    ).fetchall():
+                        stale = (row["heartbeat_at"] or 0) < now - lease_s
+                        if stale or _owner_is_dead(row["owner"], owner):
+                            chosen = row
+                            break
+                if chosen is None:
+                    conn.execute("COMMIT")
+                    return None
+                if chosen["status"] == "running" and chosen["attempts"] >= MAX_ATTEMPTS:
+                    error = {
+                        "error": "worker_lost",
+                        "detail": f"the job's worker stopped {chosen['attempts']} times while "
+                        "running it (killed or out of memory?); giving up",
+                    }
+                    conn.execute(
+                        "UPDATE jobs SET status = 'failed', finished_at = ?, error = ?, "
+                        "owner = NULL WHERE id = ?",
+                        (now, json.dumps(error), chosen["id"]),
+                    )
+                    conn.execute("COMMIT")
+                    return self.claim(owner, lease_s)
+                conn.execute(
+                    "UPDATE jobs SET status = 'running', owner = ?, heartbeat_at = ?, "
+                    "started_at = COALESCE(started_at, ?), attempts = attempts + 1 WHERE id = ?",
+                    (owner, now, now, chosen["id"]),
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        return self.get(chosen["id"])
+
+    def update(self, job_id: str, owner: str, **values: Any) -> bool:
+        """Progress and heartbeat; False when this worker no longer owns the running job."""
+        values["heartbeat_at"] = time.time()
+        assignments = ", ".join(f"{k} = ?" for k in values)
+        with self._connect() as conn:
+            cur = conn.execute(
+                f"UPDATE jobs SET {assignments} WHERE id = ? AND owner = ? AND status = 'running'",
+                (*values.values(), job_id, owner),
+            )
+        return cur.rowcount == 1
+
+    def finish(
+        self, job_id: str, owner: str, status: str, error: dict[str, Any] | None = None
+    ) -> bool:
+        with self._connect() as conn:
+            cur = conn.execute(
+                "UPDATE jobs SET status = ?, finished_at = ?, error = ?, owner = NULL "
+                "WHERE id = ? AND owner = ? AND status = 'running'",
+                (status, time.time(), json.dumps(error) if error else None, job_id, owner),
+            )
+        return cur.rowcount == 1
+
+    def release(self, job_id: str, owner: str) -> None:
+        """Give a running job back to the queue (graceful shutdown); it resumes elsewhere."""
+        with self._connect() as conn:
+            conn.execute(
+                "UPDATE jobs SET status = 'queued', owner = NULL, attempts = MAX(attempts - 1, 0) "
+                "WHERE id = ? AND owner = ? AND status = 'running'",
+                (job_id, owner),
+            )
+
+    def cancel(self, job_id: str) -> Job | None:
+        with self._connect() as conn:
+            conn.execute(
+                "UPDATE jobs SET status = 'cancelled', finished_at = ?, owner = NULL "
+                "WHERE id = ? AND status IN ('queued', 'running')",
+                (time.time(), job_id),
+            )
+        return self.get(job_id)
+
+    def delete(self, job_id: str) -> None:
+        with self._connect() as conn:
+            conn.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+
+    def ids(self) -> set[str]:
+        with self._connect() as conn:
+            return {r[0] for r in conn.execute("SELECT id FROM jobs").fetchall()}
+
+
+# -- files ---------------------------------------------------------------------------------------
+
+
+class JobFiles:
+    """Where a job's files live: <data_dir>/jobs/<id>/."""
+
+    def __init__(self, root: Path, job_id: str):
+        self.dir = Path(root) / job_id
+        self.partitions = self.dir / "partitions"
+        self.parts = self.dir / "parts"
+        self.result_parquet = self.dir / "result.parquet"
+        self.result_csv = self.dir / "result.csv"
+
+    def input_file(self, fmt: str) -> Path:
+        return self.dir / f"input.{fmt}"
+
+    def result(self, fmt: str) -> Path:
+        return self.result_csv if fmt == "csv" else self.result_parquet
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):  # not every filesystem lets a directory be fsynced
+        fsync_file(path)
+
+
+def sniff_format(path: Path, declared: str | None) -> str:
+    """csv or parquet, from the declared format and the file's magic bytes."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    looks_parquet = head == PARQUET_MAGIC
+    if declared == "parquet" and not looks_parquet:
+        raise InvalidInputError(
+            "file: malformed Parquet: the file does not start with the Parquet magic bytes "
+            "'PAR1' (is it a CSV? send it as text/csv)",
+            field="file",
+        )
+    if declared == "csv" and looks_parquet:
+        raise InvalidInputError(
+            "file: declared CSV, but the file is Parquet; send it as application/vnd.apache.parquet",
+            field="file",
+        )
+    return "parquet" if looks_parquet else "csv"
+
+
+def inspect_input(path: Path, fmt: str, covariates: tuple[str, ...]) -> list[str]:
+    """Cheap checks before a job is accepted: the file parses and has the needed columns.
+
+    Reads the Parquet footer, or the first block of a CSV; the full file is validated by the
+    core rules chunk by chunk while the job runs. Returns the column names.
+    """
+    if path.stat().st_size == 0:
+        raise InvalidInputError(
+            "file: the file is empty; expected a long-format table with columns "
+            f"{list(REQUIRED_COLUMNS)}",
+            field="file",
+        )
+    if fmt == "parquet":
+        try:
+            pf = pq.ParquetFile(path)
+            columns = list(pf.schema_arrow.names)
+            n_rows = pf.metadata.num_rows
+        except (pa.ArrowException, OSError) as exc:
+            raise InvalidInputError(f"file: malformed Parquet: {exc}", field="file") from None
+    else:
+        try:
+            reader = pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=1 << 20))
+            columns = list(reader.schema.names)
+            first = reader.read_next_batch()
+            n_rows = first.num_rows
+        except StopIteration:
+            n_rows = 0
+        except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
+            raise InvalidInputError(f"file: malformed CSV: {exc}", field="file") from None
+    required = [*REQUIRED_COLUMNS, *covariates]
+    missing = [c for c in required if c not in columns]
+    if missing:
+        raise InvalidInputError(
+            f"{missing[0]}: the file lacks required columns {missing}; present columns: "
+            f"{columns}; expected long format with {required}",
+            field=missing[0],
+        )
+    if n_rows == 0:
+        raise InvalidInputError(
+            f"file: the file has a header but no rows; expected rows with {required}",
+            field="file",
+        )
+    return columns
+
+
+def _normalise(batch: pa.RecordBatch, numeric: list[str]) -> pa.RecordBatch:
+    """Ids as strings, numeric columns as float64 (text is left for the core to report)."""
+    arrays, names = [], []
+    for name in batch.schema.names:
+        col = batch.column(name)
+        if name == "unique_id" and not pa.types.is_string(col.type):
+            col = col.cast(pa.string())
+        elif name in numeric and (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
+            col = col.cast(pa.float64())
+        elif pa.types.is_dictionary(col.type):
+            col = col.cast(col.type.value_type)
+        arrays.append(col)
+        names.append(name)
+    return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def iter_input(path: Path, fmt: str, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    """Stream the input's needed columns as record batches of bounded size."""
+    numeric = [c for c in columns if c not in ("unique_id", "ds")]
+    try:
+        if fmt == "parquet":
+            pf = pq.ParquetFile(path)
+            for batch in pf.iter_batches(batch_size=65_536, columns=columns):
+                yield _normalise(batch, numeric)
+        else:
+            types = {"unique_id": pa.string(), "ds": pa.string()}
+            reader = pacsv.open_csv(
+                path,
+                read_options=pacsv.ReadOptions(block_size=8 << 20),
+                convert_options=pacsv.ConvertOptions(
+                    include_columns=columns, column_types=types, strings_can_be_null=True
+                ),
+            )
+            for batch in reader:
+                yield _normalise(batch, numeric)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError) as exc:
+        kind = "Parquet" if fmt == "parquet" else "CSV"
+        raise InvalidInputError(f"file: malformed {kind}: {exc}", field="file") from None
+
+
+def _unify(batches: list[pa.RecordBatch]) -> pa.Table:
+    """One table from batches whose numeric columns may differ in type (CSV type inference
+    per block): columns that are text in any batch become text everywhere."""
+    if not batches:
+        raise InvalidInputError("file: the file has no rows", field="file")
+    schemas = {b.schema for b in batches}
+    if len(schemas) == 1:
+        return pa.Table.from_batches(batches)
+    names = batches[0].schema.names
+    fixed = []
+    for b in batches:
+        cols = []
+        for name in names:
+            col = b.column(name)
+            if any(not other.schema.field(name).type.equals(col.type) for other in batches):
+                col = col.cast(pa.string())
+            cols.append(col)
+        fixed.append(pa.RecordBatch.from_arrays(cols, names=names))
+    return pa.Table.from_batches(fixed)
+
+
+# -- processing ----------------------------------------------------------------------------------
+
+
+class JobStopped(Exception):
+    """The job was cancelled, taken over, or the service is stopping."""
+
+
+@dataclass
+class JobContext:
+    job: Job
+    files: JobFiles
+    served: ServedModel
+    chunk_series: int
+    partition_bytes: int
+    report: Callable[..., bool]  # update(**progress) -> still ours?
+    stopping: threading.Event
+
+
+def process_job(ctx: JobContext) -> None:
+    """Run a job to its result file; resumable at partition granularity."""
+    job, files, forecaster = ctx.job, ctx.files, ctx.served.forecaster
+    columns = [*REQUIRED_COLUMNS, *forecaster.model_config.covariates]
+    input_path = Path(job.input_path)
+    if not input_path.exists():
+        raise InvalidInputError(f"path: the input file {str(input_path)!r} no longer exists")
+    covariates = forecaster.model_config.covariates
+    if covariates:
+        raise InvalidInputError(
+            f"the model needs known-future covariates {list(covariates)}, which batch jobs "
+            "do not take yet; use POST /v1/forecast with covariates",
+            field=covariates[0],
+        )
+    files.parts.mkdir(parents=True, exist_ok=True)
+    if job.model_version is not None and job.model_version != ctx.served.identity.version:
+        # Resumed under another model version: start over so one result has one model.
+        shutil.rmtree(files.parts, ignore_errors=True)
+        files.parts.mkdir(parents=True)
+    ident = ctx.served.identity
+    ctx.report(
+        model_name=ident.name,
+        model_version=ident.version,
+        model_alias=ident.alias,
+        model_run_id=ident.run_id,
+    )
+
+    expansion = PARQUET_EXPANSION if job.input_format == "parquet" else 1
+    n_parts = max(
+        1, min(MAX_PARTITIONS, math.ceil(job.input_bytes * expansion / ctx.partition_bytes))
+    )
+    if n_parts == 1:
+        sources: list[Callable[[], pa.Table]] = [
+            lambda: _unify(list(iter_input(input_path, job.input_format, columns)))
+        ]
+        rows_total = None
+    else:
+        rows_total = _partition(input_path, job.input_format, columns, files.partitions, n_parts)
+        sources = [
+            (lambda p=p: pq.read_table(files.partitions / f"{p:05d}.parquet"))
+            for p in range(n_parts)
+        ]
+    if rows_total is not None:
+        ctx.report(rows_total=rows_total)
+
+    rows_done = series_done = 0
+    for p, load in enumerate(sources):
+        part = files.parts / f"{p:05d}.parquet"
+        meta = files.parts / f"{p:05d}.json"
+        if part.exists() and meta.exists():
+            done = json.loads(meta.read_text())
+            rows_done += done["rows"]
+            series_done += done["series"]
+            continue
+        if ctx.stopping.is_set():
+            raise JobStopped("service stopping")
+        table = load()
+        if rows_total is None:
+            rows_total = table.num_rows
+            ctx.report(rows_total=rows_total)
+        rows, series = _forecast_partition(ctx, table, part, rows_done, series_done)
+        meta.write_text(json.dumps({"rows": rows, "series": series}))
+        rows_done += rows
+        series_done += series
+        if not ctx.report(rows_done=rows_done, series_done=series_done):
+            raise JobStopped("job cancelled or taken over")
+    _assemble(files, len(sources), job.output_format)
+    shutil.rmtree(files.partitions, ignore_errors=True)
+    shutil.rmtree(files.parts, ignore_errors=True)
+
+
+def _partition(path: Path, fmt: str, columns: list[str], out_dir: Path, n_parts: int) -> int:
+    """Hash-partition the input by series id into `n_parts` Parquet files; returns rows."""
+    done_marker = out_dir / "_DONE"
+    if done_marker.exists():
+        return int(done_marker.read_text())
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True)
+    writers: dict[int, pq.ParquetWriter] = {}
+    schema: pa.Schema | None = None
+    rows = 0
+    try:
+        for batch in iter_input(path, fmt, columns):
+            if schema is None:
+                schema = batch.schema
+            elif not batch.schema.equals(schema):
+                batch = _cast_like(batch, schema)
+            rows += batch.num_rows
+            ids = batch.column("unique_id").to_numpy(zero_copy_only=False)
+            bucket = (pd.util.hash_array(ids.astype(object)) % np.uint64(n_parts)).astype(np.int64)
+            order = np.argsort(bucket, kind="stable")
+            sorted_buckets = bucket[order]
+            bounds = np.searchsorted(sorted_buckets, np.arange(n_parts + 1))
+            taken = batch.take(pa.array(order))
+            for p in range(n_parts):
+                lo, hi = bounds[p], bounds[p + 1]
+                if hi <= lo:
+                    continue
+                if p not in writers:
+                    writers[p] = pq.ParquetWriter(out_dir / f"{p:05d}.parquet", schema)
+                writers[p].write_batch(taken.slice(lo, hi - lo))
+    finally:
+        for w in writers.values():
+            w.close()
+    assert schema is not None, "iter_input yields at least one batch for a non-empty file"
+    for p in range(n_parts):  # partitions no series hashed to still need a (empty) file
+        target = out_dir / f"{p:05d}.parquet"
+        if not target.exists():
+            pq.write_table(schema.empty_table(), target)
+    done_marker.write_text(str(rows))
+    return rows
+
+
+def _cast_like(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    try:
+        return batch.cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise InvalidInputError(
+            f"file: malformed CSV: a column changes type part-way through the file ({exc})",
+            field="file",
+        ) from None
+
+
+def _forecast_partition(
+    ctx: JobContext, table: pa.Table, part: Path, rows_before: int, series_before: int
+) -> tuple[int, int]:
+    """Forecast one partition in chunks of series; write its part file atomically."""
+    forecaster = ctx.served.forecaster
+    tmp = part.with_suffix(".tmp")
+    if table.num_rows == 0:
+        _empty_result(forecaster, ctx.job).to_parquet(tmp, index=False)
+        os.replace(tmp, part)
+        return 0, 0
+    frame = table.to_pandas()
+    codes, uniques = pd.factorize(frame["unique_id"], sort=False)
+    order = np.argsort(codes, kind="stable")
+    frame = frame.take(order).reset_index(drop=True)
+    codes = codes[order]
+    n_series = len(uniques)
+    starts = np.searchsorted(codes, np.arange(0, n_series, ctx.chunk_series))
+    ends = np.r_[starts[1:], len(codes)]
+    writer: pq.ParquetWriter | None = None
+    rows = series = 0
+    try:
+        for lo, hi in zip(starts, ends, strict=True):
+            if ctx.stopping.is_set():
+                raise JobStopped("service stopping")
+            chunk = frame.iloc[lo:hi]
+            out = forecaster.predict(chunk, horizon=ctx.job.horizon, quantiles=ctx.job.quantiles)
+            result = pa.Table.from_pandas(out, preserve_index=False)
+            if writer is None:
+                writer = pq.ParquetWriter(tmp, result.schema)
+            writer.write_table(result)
+            rows += hi - lo
+            series += int(codes[hi - 1] - codes[lo] + 1)
+            if not ctx.report(rows_done=rows_before + rows, series_done=series_before + series):
+                raise JobStopped("job cancelled or taken over")
+    finally:
+        if writer is not None:
+            writer.close()
+    os.replace(tmp, part)
+    return rows, series
+
+
+def _empty_result(forecaster: Any, job: Job) -> pd.DataFrame:
+    from forecaster.data import quantile_column
+
+    quantiles = job.quantiles or list(forecaster.quantiles)
+    data: dict[str, Any] = {
+        "unique_id": pd.array([], dtype="str"),
+        "ds": pd.Series([], dtype="datetime64[ns]"),
+        "mean": pd.Series([], dtype="float64"),
+    }
+    for q in quantiles:
+        data[quantile_column(q)] = pd.Series([], dtype="float64")
+    return pd.DataFrame(data)
+
+
+def _assemble(files: JobFiles, n_parts: int, output_format: str) -> None:
+    """Stream the parts into result.parquet (and result.csv when asked), atomically."""
+    parts = [files.parts / f"{p:05d}.parquet" for p in range(n_parts)]
+    # Empty partitions hold a schema-only table; take the schema from one with rows.
+    with_rows = [p for p in parts if pq.ParquetFile(p).metadata.num_rows]
+    schema = pq.read_schema(with_rows[0] if with_rows else parts[0])
+    tmp = files.result_parquet.with_suffix(".tmp")
+    with pq.ParquetWriter(tmp, schema) as writer:
+        for path in parts:
+            pf = pq.ParquetFile(path)
+            for i in range(pf.num_row_groups):
+                writer.write_table(pf.read_row_group(i).cast(schema))
+    fsync_file(tmp)
+    os.replace(tmp, files.result_parquet)
+    if output_format == "csv":
+        write_csv(files.result_parquet, files.result_csv)
+    fsync_dir(files.dir)
+
+
+def write_csv(parquet_path: Path, csv_path: Path) -> None:
+    """Stream a Parquet result into CSV (row group by row group)."""
+    tmp = csv_path.with_suffix(".tmp")
+    pf = pq.ParquetFile(parquet_path)
+    with pacsv.CSVWriter(tmp, pf.schema_arrow) as writer:
+        for i in range(pf.num_row_groups):
+            writer.write_table(pf.read_row_group(i))
+    os.replace(tmp, csv_path)
+
+
+def input_error_payload(exc: Exception) -> dict[str, Any]:
+    if isinstance(exc, ForecasterInputError):
+        from service.errors import describe_input_error
+
+        return {
+            "error": type(exc).__name__,
+            "detail": describe_input_error(exc),
+            "field": exc.field,
+            "series_id": exc.series_id,
+        }
+    if isinstance(exc, InvalidInputError):
+        return {
+            "error": exc.kind,
+            "detail": exc.message,
+            "field": exc.field,
+            "series_id": exc.series_id,
+        }
+    return {"error": "internal_error", "detail": f"{type(exc).__name__}: {exc}"}

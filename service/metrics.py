@@ -1,0 +1,163 @@
+"""Prometheus metrics: one registry per app, so several apps (tests) never share counters.
+
+With `--workers N` each worker process keeps its own counters; scrape each, or run one worker
+per container as the compose file does.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+
+class ServiceMetrics:
+    """Every metric the service exports."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "forecaster_http_requests_total",
+            "HTTP requests by route template, method and status code.",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "forecaster_http_request_duration_seconds",
+            "Time from request start to the end of the response, by route and status.",
+            ["route", "method", "status"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_series = Histogram(
+            "forecaster_batch_series",
+            "Series per forward pass of the online micro-batcher.",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.batch_requests = Histogram(
+            "forecaster_batch_requests",
+            "Requests merged into one forward pass by the online micro-batcher.",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.inference_seconds = Histogram(
+            "forecaster_batch_inference_seconds",
+            "Time of one micro-batch in the inference thread (validation, model, outputs).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "forecaster_queue_depth",
+            "Online requests waiting for the inference thread.",
+            registry=r,
+        )
+        self.model_version = Gauge(
+            "forecaster_model_version",
+            "Registry version of the loaded model (0 when none is loaded).",
+            registry=r,
+        )
+        self.model_info = Gauge(
+            "forecaster_model_info",
+            "1 for the loaded model, labelled with its name, version, alias and run id.",
+            ["name", "version", "alias", "run_id"],
+            registry=r,
+        )
+        self.model_loads = Counter(
+            "forecaster_model_loads_total",
+            "Model versions the service tried to load, by outcome (loaded or refused).",
+            ["outcome"],
+            registry=r,
+        )
+        self.registry_errors = Counter(
+            "forecaster_registry_errors_total",
+            "Registry checks that failed (alias missing or tracking server unreachable).",
+            registry=r,
+        )
+        self.jobs = Counter(
+            "forecaster_batch_jobs_total",
+            "Batch jobs by event (accepted, succeeded, failed, resumed, cancelled).",
+            ["event"],
+            registry=r,
+        )
+        self.job_series = Counter(
+            "forecaster_batch_job_series_total",
+            "Series forecast by batch jobs.",
+            registry=r,
+        )
+        self.jobs_pending = Gauge(
+            "forecaster_batch_jobs_pending",
+            "Batch jobs queued or running.",
+            registry=r,
+        )
+
+    def set_model(self, name: str, version: str, alias: str | None, run_id: str | None) -> None:
+        self.model_info.clear()
+        self.model_info.labels(name, str(version), alias or "", run_id or "").set(1)
+        try:
+            self.model_version.set(float(version))
+        except ValueError:
+            self.model_version.set(-1)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class MetricsMiddleware:
+    """Counts and times every HTTP request by its route template (not its raw path, so ids
+    in paths do not explode the label set)."""
+
+    def __init__(self, app: ASGIApp, metrics: ServiceMetrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route: Any = scope.get("route")
+            label = getattr(route, "path", None) or "unmatched"
+            method = scope.get("method", "")
+            elapsed = time.perf_counter() - start
+            self.metrics.requests.labels(label, method, str(status)).inc()
+            self.metrics.latency.labels(label, method, str(status)).observe(elapsed)

@@ -1,0 +1,125 @@
+"""ASGI middleware: request body limits and the arrival count the micro-batcher reads."""
+
+from __future__ import annotations
+
+import json
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.batcher import MicroBatcher
+
+UPLOAD_PATHS = ("/v1/batch-jobs",)
+BATCHED_PATHS = ("/v1/forecast", "/invocations")
+
+
+class BodyTooLarge(Exception):
+    def __init__(self, limit: int, what: str):
+        super().__init__(f"{what} exceeds the limit of {limit} bytes")
+        self.limit = limit
+        self.what = what
+
+
+class BodyLimitMiddleware:
+    """413 for bodies over the limit: at once when Content-Length says so, else as soon as
+    the streamed body passes it. Uploads to /v1/batch-jobs have their own, larger limit."""
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, max_upload_bytes: int):
+        self.app = app
+        self.max_body = max_body_bytes
+        self.max_upload = max_upload_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        upload = scope["path"].startswith(UPLOAD_PATHS) and scope["method"] == "POST"
+        limit = self.max_upload if upload else self.max_body
+        what = "upload" if upload else "request body"
+        setting = "max_upload_bytes" if upload else "max_body_bytes"
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = 0
+                if declared > limit:
+                    await _reject(send, limit, what, setting)
+                    return
+        received = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge(limit, what)
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except BodyTooLarge:
+            if started:
+                raise
+            await _reject(send, limit, what, setting)
+
+
+async def _reject(send: Send, limit: int, what: str, setting: str) -> None:
+    body = json.dumps(
+        {
+            "detail": f"{what} exceeds the limit of {limit} bytes (setting {setting})",
+            "error": "payload_too_large",
+            "field": "body",
+            "series_id": None,
+        }
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class ArrivalMiddleware:
+    """Tells the micro-batcher that a forecast request has arrived and will submit soon;
+    the route marks it submitted. Lets the batcher wait only when there is someone to wait for."""
+
+    def __init__(self, app: ASGIApp, batcher: MicroBatcher):
+        self.app = app
+        self.batcher = batcher
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in BATCHED_PATHS:
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+        state["arrival_open"] = True
+        self.batcher.arrival_started()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            if state.get("arrival_open"):
+                state["arrival_open"] = False
+                self.batcher.arrival_ended()
+
+
+def end_arrival(scope: Scope, batcher: MicroBatcher) -> None:
+    """Called by a route right before it submits (or gives up)."""
+    state = scope.get("state", {})
+    if state.get("arrival_open"):
+        state["arrival_open"] = False
+        batcher.arrival_ended()

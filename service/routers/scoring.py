@@ -1,0 +1,204 @@
+"""MLflow's scoring protocol (`/invocations`, `/ping`, `/health`, `/version`), so the service
+replaces `mlflow models serve` for the same registered model without changing clients.
+
+Parsing reuses MLflow's own functions, so every format its server takes (`dataframe_split`,
+`dataframe_records`, CSV, Parquet; `params` with `horizon` and `quantiles`) is taken here;
+the answer is MLflow's `{"predictions": [...records...]}` of the same long frame.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pandas as pd
+from fastapi import APIRouter, Request, Response
+
+from service.deps import BatcherDep, ManagerDep, ServedModelDep, SettingsDep
+from service.errors import InvalidInputError, UnsupportedMediaTypeError
+from service.inference import ItemForecast, OnlineItem, forecast_frame
+from service.routers.forecast import resolve_horizon, resolve_quantiles, run_online
+
+router = APIRouter(tags=["mlflow-scoring"])
+
+CONTENT_TYPES = ("application/json", "text/csv", "application/vnd.apache.parquet")
+
+_INVOCATIONS_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "description": "MLflow scoring input: exactly one of dataframe_split or "
+                    "dataframe_records (a long frame with unique_id, ds, y), and optional params.",
+                    "properties": {
+                        "dataframe_split": {
+                            "type": "object",
+                            "properties": {
+                                "columns": {"type": "array", "items": {"type": "string"}},
+                                "data": {"type": "array", "items": {"type": "array"}},
+                            },
+                        },
+                        "dataframe_records": {"type": "array", "items": {"type": "object"}},
+                        "params": {
+                            "type": "object",
+                            "properties": {
+                                "horizon": {"type": "integer", "minimum": 1},
+                                "quantiles": {"type": "array", "items": {"type": "number"}},
+                            },
+                        },
+                    },
+                },
+            },
+            "text/csv": {"schema": {"type": "string"}},
+            "application/vnd.apache.parquet": {"schema": {"type": "string", "format": "binary"}},
+        },
+    }
+}
+
+
+def _parse(data: bytes, mime: str) -> pd.DataFrame:
+    from mlflow.exceptions import MlflowException
+    from mlflow.pyfunc import scoring_server as mlflow_scoring
+
+    try:
+        if mime == "text/csv":
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InvalidInputError(f"body: the CSV is not valid UTF-8: {exc}") from None
+            frame = mlflow_scoring.parse_csv_input(io.StringIO(text))
+        elif mime == "application/vnd.apache.parquet":
+            frame = mlflow_scoring.parse_parquet_input(io.BytesIO(data))
+        else:
+            payload, _ = mlflow_scoring._split_data_and_params(data)
+            frame = mlflow_scoring.infer_and_parse_data(payload)
+    except MlflowException as exc:
+        raise InvalidInputError(f"body: {exc.message}", field="body") from None
+    except (ValueError, TypeError, KeyError) as exc:  # pandas refusing a malformed frame
+        raise InvalidInputError(f"body: cannot build a DataFrame: {exc}", field="body") from None
+    if not isinstance(frame, pd.DataFrame):
+        raise InvalidInputError(
+            "body: expected a DataFrame (dataframe_split or dataframe_records) with columns "
+            "unique_id, ds, y",
+            field="body",
+        )
+    return frame
+
+
+def _params(data: bytes) -> dict[str, Any]:
+    try:
+        decoded = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidInputError(f"body: not valid JSON: {exc}", field="body") from None
+    if not isinstance(decoded, dict):
+        raise InvalidInputError(
+            "body: expected a JSON object with dataframe_split or dataframe_records", field="body"
+        )
+    params = decoded.get("params") or {}
+    if not isinstance(params, dict):
+        raise InvalidInputError("params: expected an object", field="params")
+    return params
+
+
+def _horizon_param(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise InvalidInputError(
+            f"params.horizon: expected an integer, got {value!r}", field="horizon"
+        )
+    try:
+        number = float(value)
+    except ValueError:
+        raise InvalidInputError(
+            f"params.horizon: expected an integer, got {value!r}", field="horizon"
+        ) from None
+    if not number.is_integer():
+        raise InvalidInputError(
+            f"params.horizon: expected an integer, got {value!r}", field="horizon"
+        )
+    return int(number)
+
+
+def _quantiles_param(value: Any) -> list[float] | None:
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, list) or not all(
+        isinstance(q, int | float) and not isinstance(q, bool) for q in value
+    ):
+        raise InvalidInputError(
+            f"params.quantiles: expected a list of numbers, got {value!r}", field="quantiles"
+        )
+    return [float(q) for q in value]
+
+
+def _render_mlflow(forecast: ItemForecast) -> bytes:
+    from mlflow.pyfunc.scoring_server import predictions_to_json
+
+    out = io.StringIO()
+    predictions_to_json(forecast_frame(forecast), out)
+    return out.getvalue().encode()
+
+
+@router.post(
+    "/invocations",
+    openapi_extra=_INVOCATIONS_BODY,
+    summary="MLflow scoring: forecast a long frame (drop-in for `mlflow models serve`)",
+    responses={400: {"description": "MLflow-style error: error_code, message"}},
+)
+async def invocations(
+    request: Request, served: ServedModelDep, batcher: BatcherDep, settings: SettingsDep
+) -> Response:
+    content_type = request.headers.get("content-type", "application/json")
+    parts = [p.strip() for p in content_type.split(";")]
+    mime = parts[0].lower()
+    extras = dict(p.partition("=")[::2] for p in parts[1:] if p)
+    if extras.get("charset", "utf-8").lower() != "utf-8" or set(extras) - {"charset"}:
+        raise UnsupportedMediaTypeError(
+            f"content-type {content_type!r}: only UTF-8 and no parameters other than charset"
+        )
+    if mime not in CONTENT_TYPES:
+        raise UnsupportedMediaTypeError(
+            f"content-type {content_type!r} is not supported; expected one of {list(CONTENT_TYPES)}",
+            field="content-type",
+        )
+    data = await request.body()
+    params = _params(data) if mime == "application/json" else {}
+    horizon = resolve_horizon(served, _horizon_param(params.get("horizon")))
+    quantiles = resolve_quantiles(served, _quantiles_param(params.get("quantiles")))
+    # The number of series is known after parsing; count the request as one until then.
+    item = OnlineItem(
+        model=served,
+        horizon=horizon,
+        quantiles=quantiles,
+        n_series=0,
+        build=lambda: (_counted(item, _parse(data, mime)), None),
+        render=_render_mlflow,
+    )
+    content = await run_online(request, batcher, item, settings.request_timeout_s)
+    return Response(content, media_type="application/json")
+
+
+def _counted(item: OnlineItem, frame: pd.DataFrame) -> pd.DataFrame:
+    if "unique_id" in frame.columns:
+        item.n_series = int(frame["unique_id"].astype("str").nunique())
+    return frame
+
+
+@router.get("/ping", summary="MLflow health check: 200 when a model is loaded")
+@router.get("/health", summary="MLflow health check: 200 when a model is loaded")
+async def ping(manager: ManagerDep) -> Response:
+    status = 200 if manager.current is not None else 404
+    return Response("\n", status_code=status, media_type="application/json")
+
+
+@router.get("/version", summary="MLflow version, as `mlflow models serve` answers")
+async def version() -> Response:
+    from mlflow.version import VERSION
+
+    return Response(VERSION, media_type="application/json")

@@ -1,0 +1,240 @@
+"""Request and response bodies (pydantic v2). Limits that depend on settings are checked in
+the routes; what a schema can say on its own (types, shapes, ranges) is said here."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+
+def _check_quantiles(value: list[float] | None) -> list[float] | None:
+    if value is not None and len(set(value)) != len(value):
+        raise ValueError(f"quantiles must be distinct, got {value}")
+    return value
+
+
+Quantiles = Annotated[
+    list[Annotated[float, Field(gt=0.0, lt=1.0)]] | None,
+    AfterValidator(_check_quantiles),
+    Field(None, description="Subset of the model's quantiles; default all of them."),
+]
+
+# -- online forecasts -----------------------------------------------------------------------
+
+
+class SeriesIn(BaseModel):
+    """Recent history of one series: `timestamps`, or `start` + `freq`, with its `values`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, max_length=256, description="Series identifier.")
+    values: list[float | None] = Field(
+        description="Observed values, oldest first; null is a missing value (rejected)."
+    )
+    timestamps: list[datetime] | None = Field(
+        None, description="One ISO 8601 timestamp per value. Give these or start + freq."
+    )
+    start: datetime | None = Field(None, description="Timestamp of the first value.")
+    freq: str | None = Field(
+        None, max_length=32, description="pandas offset alias such as 'h', 'D', '15min'."
+    )
+    covariates: dict[str, list[float | None]] | None = Field(
+        None,
+        description="Known-future covariates of the model, by name: one value per history "
+        "step followed by one per forecast step (len(values) + horizon in all).",
+    )
+
+    @model_validator(mode="after")
+    def _timestamps_or_start(self) -> SeriesIn:
+        if self.timestamps is not None:
+            if self.start is not None or self.freq is not None:
+                raise ValueError("give either timestamps, or start and freq, not both")
+            if len(self.timestamps) != len(self.values):
+                raise ValueError(
+                    f"timestamps and values must have the same length, got "
+                    f"{len(self.timestamps)} timestamps and {len(self.values)} values"
+                )
+        elif self.start is None or self.freq is None:
+            raise ValueError("timestamps, or both start and freq, are required")
+        return self
+
+
+class ForecastRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "horizon": 3,
+                    "quantiles": [0.1, 0.9],
+                    "series": [
+                        {
+                            "id": "sensor-1",
+                            "start": "2024-01-01T00:00:00",
+                            "freq": "h",
+                            "values": [1.0, 1.2, 0.9, 1.1],
+                        }
+                    ],
+                }
+            ]
+        },
+    )
+
+    horizon: int | None = Field(
+        None, ge=1, description="Steps to forecast; at most the model's; default all of them."
+    )
+    quantiles: Quantiles
+    series: list[SeriesIn] = Field(min_length=1)
+    include_attention: bool = Field(
+        False, description="Add the attention weights behind each forecast."
+    )
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> ForecastRequest:
+        seen: set[str] = set()
+        for i, s in enumerate(self.series):
+            if s.id in seen:
+                raise ValueError(f"series[{i}].id: {s.id!r} appears more than once")
+            seen.add(s.id)
+        return self
+
+
+class ModelInfo(BaseModel):
+    name: str
+    version: str
+    alias: str | None = None
+    run_id: str | None = None
+
+
+class AttentionOut(BaseModel):
+    """Attention weights for one series; each list holds one array per layer, indexed
+    [head][query token][key token]. Encoder token i covers context steps
+    [i * patch_stride, i * patch_stride + patch_length) from `context_start`."""
+
+    context_start: str
+    patch_length: int
+    patch_stride: int
+    encoder: list[list[list[list[float]]]]
+    decoder_self: list[list[list[list[float]]]]
+    cross: list[list[list[list[float]]]]
+
+
+class SeriesForecast(BaseModel):
+    id: str
+    timestamps: list[str]
+    mean: list[float]
+    quantiles: dict[str, list[float]] = Field(
+        description="Forecast per quantile, keyed by the quantile as text, e.g. '0.1'."
+    )
+    attention: AttentionOut | None = None
+
+
+class ForecastResponse(BaseModel):
+    model: ModelInfo
+    horizon: int
+    quantiles: list[float]
+    forecasts: list[SeriesForecast]
+
+
+# -- models -----------------------------------------------------------------------------------
+
+
+class LoadedModelOut(BaseModel):
+    name: str
+    version: str
+    alias: str | None
+    run_id: str | None
+    source_uri: str | None
+    metrics: dict[str, float]
+    loaded_at: datetime
+    freq: str | None
+    context_length: int
+    max_horizon: int
+    quantiles: list[float]
+    covariates: list[str]
+    device: str
+
+
+class RefusedVersionOut(BaseModel):
+    version: str
+    error: str
+    at: datetime
+
+
+class ModelsResponse(BaseModel):
+    model_uri: str
+    ready: bool
+    loaded: LoadedModelOut | None
+    last_check_at: datetime | None
+    last_check_error: str | None
+    refused: list[RefusedVersionOut]
+    checking: bool
+
+
+class ReloadResponse(BaseModel):
+    outcome: Literal["loaded", "unchanged", "refused", "unavailable", "in_progress"]
+    message: str
+    models: ModelsResponse
+
+
+# -- batch jobs -------------------------------------------------------------------------------
+
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+FileFormat = Literal["csv", "parquet"]
+
+
+class BatchJobFromPath(BaseModel):
+    """A batch job over a file already under the service's input directory."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(min_length=1, max_length=4096, description="Relative to the input dir.")
+    horizon: int | None = Field(None, ge=1)
+    quantiles: Quantiles
+    output_format: FileFormat | None = Field(None, description="Default: the input's format.")
+
+
+class JobError(BaseModel):
+    error: str
+    detail: str
+    field: str | None = None
+    series_id: str | None = None
+
+
+class BatchJobOut(BaseModel):
+    id: str
+    status: JobStatus
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    input_format: FileFormat
+    output_format: FileFormat
+    horizon: int | None
+    quantiles: list[float] | None
+    progress: float = Field(description="Share of input rows processed, 0 to 1.")
+    rows_total: int | None
+    rows_done: int
+    series_done: int
+    model: ModelInfo | None
+    attempts: int
+    error: JobError | None
+    result_url: str | None
+
+
+class BatchJobList(BaseModel):
+    jobs: list[BatchJobOut]
+
+
+# -- health ---------------------------------------------------------------------------------
+
+
+class HealthOut(BaseModel):
+    status: str
+    detail: str | None = None
+    model: ModelInfo | None = None
+
+
+def as_info(name: str, version: str, alias: str | None, run_id: str | None) -> dict[str, Any]:
+    return {"name": name, "version": str(version), "alias": alias, "run_id": run_id}

@@ -1,0 +1,128 @@
+"""POST /v1/forecast: shapes, the model that answered, merged batches, attention."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pandas as pd
+import pytest
+
+CONTEXT, HORIZON = 48, 12  # the tiny model of conftest.py
+
+
+def test_forecast_matches_in_process_predict(client, history, payload, fitted):
+    ids = ["series_000", "series_002"]
+    body = {"series": [payload(sid) for sid in ids]}
+    response = client.post("/v1/forecast", json=body)
+    assert response.status_code == 200, response.text
+    out = response.json()
+    assert out["model"] == {
+        "name": "forecaster",
+        "version": "3",
+        "alias": "champion",
+        "run_id": "run-abc",
+    }
+    assert out["horizon"] == HORIZON
+    assert out["quantiles"] == [0.1, 0.5, 0.9]
+    expected = fitted.predict(history[history["unique_id"].isin(ids)])
+    for forecast in out["forecasts"]:
+        mine = expected[expected["unique_id"] == forecast["id"]]
+        assert forecast["timestamps"] == [t.isoformat() for t in mine["ds"]]
+        np.testing.assert_allclose(forecast["mean"], mine["mean"], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(forecast["quantiles"]["0.9"], mine["q0.9"], rtol=1e-5, atol=1e-5)
+    assert [f["id"] for f in out["forecasts"]] == ids
+
+
+def test_start_and_freq_instead_of_timestamps(client, history, payload):
+    with_ts = payload("series_001")
+    with_start = {
+        "id": "series_001",
+        "start": with_ts["timestamps"][0],
+        "freq": "h",
+        "values": with_ts["values"],
+    }
+    a = client.post("/v1/forecast", json={"series": [with_ts]}).json()
+    b = client.post("/v1/forecast", json={"series": [with_start]}).json()
+    assert a["forecasts"] == b["forecasts"]
+
+
+def test_horizon_and_quantile_subset(client, history, payload):
+    body = {"horizon": 5, "quantiles": [0.9], "series": [payload("series_001")]}
+    out = client.post("/v1/forecast", json=body).json()
+    forecast = out["forecasts"][0]
+    assert out["horizon"] == 5 and out["quantiles"] == [0.9]
+    assert len(forecast["timestamps"]) == len(forecast["mean"]) == 5
+    assert list(forecast["quantiles"]) == ["0.9"]
+
+
+def test_include_attention(client, history, payload, fitted):
+    body = {"include_attention": True, "series": [payload("series_003")]}
+    out = client.post("/v1/forecast", json=body).json()
+    attention = out["forecasts"][0]["attention"]
+    n_tokens = fitted.model_config.n_patches
+    encoder = np.asarray(attention["encoder"][0])  # (heads, N, N)
+    assert encoder.shape == (fitted.model_config.n_heads, n_tokens, n_tokens)
+    np.testing.assert_allclose(encoder.sum(axis=-1), 1.0, atol=1e-4)
+    assert np.asarray(attention["cross"][0]).shape[-1] == n_tokens
+    assert attention["patch_length"] == fitted.model_config.patch_length
+
+
+def test_concurrent_requests_are_merged_and_each_gets_its_own_answer(make_client, history, payload):
+    # A long wait lets the batcher gather concurrent requests into one forward pass.
+    client = make_client(max_batch_wait_ms=200)
+    requests = [{"horizon": 3 + i % 4, "series": [payload(f"series_00{i % 4}")]} for i in range(8)]
+    alone = [client.post("/v1/forecast", json=r).json() for r in requests]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda r: client.post("/v1/forecast", json=r).json(), requests))
+    for a, b in zip(alone, together, strict=True):
+        assert a["horizon"] == b["horizon"]
+        assert a["forecasts"][0]["id"] == b["forecasts"][0]["id"]
+        np.testing.assert_allclose(a["forecasts"][0]["mean"], b["forecasts"][0]["mean"], atol=1e-5)
+    metrics = client.get("/metrics").text
+    merged = [
+        line for line in metrics.splitlines() if line.startswith("forecaster_batch_requests_bucket")
+    ]
+    # Some batch held more than one request: the le="1.0" bucket is below the total count.
+    le1 = next(float(x.split()[-1]) for x in merged if 'le="1.0"' in x)
+    count = next(
+        float(x.split()[-1])
+        for x in metrics.splitlines()
+        if x.startswith("forecaster_batch_requests_count")
+    )
+    assert le1 < count
+
+
+def test_a_bad_request_in_a_merged_batch_fails_alone(make_client, history, payload):
+    client = make_client(max_batch_wait_ms=200)
+    good = {"series": [payload("series_000")]}
+    bad_series = payload("series_001")
+    bad_series["values"][5] = None
+    bad = {"series": [bad_series]}
+    with ThreadPoolExecutor(6) as pool:
+        responses = list(
+            pool.map(lambda r: client.post("/v1/forecast", json=r), [good, bad, good] * 2)
+        )
+    assert [r.status_code for r in responses] == [200, 422, 200] * 2
+    detail = responses[1].json()
+    assert detail["series_id"] == "series_001"
+    assert detail["field"] == "series[0].values"
+    assert "series_001" in detail["detail"]
+
+
+def test_history_longer_than_context_uses_the_latest_points(client, history, payload, fitted):
+    body = {"series": [payload("series_000", n=2 * CONTEXT)]}
+    out = client.post("/v1/forecast", json=body).json()
+    expected = fitted.predict(history[history["unique_id"] == "series_000"].tail(CONTEXT))
+    np.testing.assert_allclose(out["forecasts"][0]["mean"], expected["mean"], atol=1e-5)
+
+
+@pytest.mark.parametrize("tz", ["+00:00", "+02:00"])
+def test_aware_timestamps_are_read_as_utc(client, history, payload, tz):
+    series = payload("series_000")
+    series["timestamps"] = [t + tz for t in series["timestamps"]]
+    response = client.post("/v1/forecast", json={"series": [series]})
+    assert response.status_code == 200, response.text
+    first = pd.Timestamp(response.json()["forecasts"][0]["timestamps"][0])
+    last_given = pd.Timestamp(series["timestamps"][-1]).tz_convert("UTC").tz_localize(None)
+    assert first == last_given + pd.Timedelta(hours=1)

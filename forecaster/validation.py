@@ -273,6 +273,12 @@ def _check_frame(df: object, required: list[str]) -> None:
             f"missing required columns {missing}; present columns: {list(map(str, df.columns))}",
             field=missing[0],
         )
+    repeated = [c for c in required if int((df.columns == c).sum()) > 1]
+    if repeated:
+        raise MissingColumnsError(
+            f"columns {repeated} appear more than once; expected each exactly once",
+            field=repeated[0],
+        )
 
 
 def _series_codes(col: pd.Series) -> tuple[pd.api.extensions.ExtensionArray, np.ndarray, pd.Index]:
@@ -320,7 +326,8 @@ def parse_timestamps(col: pd.Series, ids: np.ndarray | None = None) -> np.ndarra
     if isinstance(parsed.dtype, pd.DatetimeTZDtype):
         parsed = parsed.dt.tz_convert("UTC").dt.tz_localize(None)
     try:
-        return parsed.to_numpy(dtype="datetime64[ns]")
+        # astype checks the bounds; to_numpy(dtype=...) would silently wrap around.
+        return parsed.astype("datetime64[ns]").to_numpy()
     except (OverflowError, ValueError, pd.errors.OutOfBoundsDatetime) as exc:
         raise InvalidTimestampsError(
             f"{TIME} holds timestamps outside 1677-09-22..2262-04-11: {exc}", field=TIME

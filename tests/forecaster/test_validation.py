@@ -326,3 +326,18 @@ class TestFutureFrame:
             pd.Timestamp("2024-07-01"),
             pd.Timestamp("2024-08-01"),
         ]
+
+
+def test_out_of_range_timestamps_do_not_wrap_around():
+    df = frame("D", n=3)
+    df["ds"] = ["1500-01-01", "1500-01-02", "1500-01-03"] * 2
+    with pytest.raises(InvalidTimestampsError, match="outside"):
+        validate_long_frame(df)
+
+
+def test_repeated_required_column():
+    df = frame("h", n=3)
+    df["y2"] = df["y"]
+    df.columns = ["unique_id", "ds", "y", "y"]
+    with pytest.raises(MissingColumnsError, match="more than once"):
+        validate_long_frame(df)

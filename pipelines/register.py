@@ -1,0 +1,159 @@
+"""Register: log the Forecaster as an MLflow pyfunc and register it as the `challenger`.
+
+The version is created with its tags in one request and only then gets the alias, so a
+failure leaves no alias moved; a version whose alias could not be set is deleted again
+(best effort: when the server is gone it stays, without any alias, so nothing that loads
+``@challenger`` or ``@champion`` ever resolves to it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+from mlflow.exceptions import MlflowException
+from mlflow.models import infer_signature
+from mlflow.tracking import MlflowClient
+
+import forecaster as forecaster_package
+from forecaster import Forecaster
+from pipelines import registry, tracking
+from pipelines.registry import ARTIFACT_NAME, CHALLENGER, ModelRef
+
+logger = logging.getLogger(__name__)
+
+PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")
+# Packages the model's code imports; `forecaster` itself travels with the model (code_paths).
+_REQUIREMENTS = ("mlflow", "torch", "numpy", "pandas", "safetensors")
+
+
+def code_version() -> str:
+    """The git commit of the working tree when there is one, else the package version."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+        if sha:
+            return f"git:{sha}{'-dirty' if dirty else ''}"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        return f"forecaster=={metadata.version('forecaster')}"
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def input_example(forecaster: Forecaster, frame: pd.DataFrame, n_series: int = 2) -> pd.DataFrame:
+    """The last ``min_history`` points of the first ``n_series`` series of ``frame``."""
+    ids = list(pd.unique(frame["unique_id"]))[:n_series]
+    example = frame[frame["unique_id"].isin(ids)]
+    example = example.groupby("unique_id", sort=False).tail(forecaster.min_history)
+    columns = ["unique_id", "ds", "y", *forecaster.model_config.covariates]
+    example = example[columns].reset_index(drop=True)
+    example["unique_id"] = example["unique_id"].astype(object)
+    return example
+
+
+def _pip_requirements() -> list[str]:
+    requirements = []
+    for name in _REQUIREMENTS:
+        try:
+            requirements.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            requirements.append(name)
+    return requirements
+
+
+def log_model(
+    forecaster: Forecaster, example: pd.DataFrame, *, run_id: str, tracking_uri: str
+) -> mlflow.models.model.ModelInfo:
+    """Log ``forecaster`` as a pyfunc model of run ``run_id``."""
+    output = forecaster.predict(example)
+    output["unique_id"] = output["unique_id"].astype(object)
+    signature = infer_signature(
+        example,
+        output,
+        params={"horizon": forecaster.max_horizon, "quantiles": list(forecaster.quantiles)},
+    )
+    active = mlflow.active_run()
+    with tempfile.TemporaryDirectory() as tmp, tracking.tracking_uri_set(tracking_uri):
+        saved = forecaster.save(Path(tmp) / ARTIFACT_NAME)
+        # Inside the pipeline's own active run log straight into it; starting it again by id
+        # would end it (FINISHED) on leaving the block.
+        run = (
+            contextlib.nullcontext()
+            if active is not None and active.info.run_id == run_id
+            else mlflow.start_run(run_id=run_id)
+        )
+        with run:
+            return mlflow.pyfunc.log_model(
+                name="model",
+                python_model=str(PYFUNC_CODE),
+                artifacts={ARTIFACT_NAME: str(saved)},
+                code_paths=[str(Path(forecaster_package.__file__).parent)],
+                signature=signature,
+                input_example=example,
+                pip_requirements=_pip_requirements(),
+            )
+
+
+def register(
+    forecaster: Forecaster,
+    example: pd.DataFrame,
+    *,
+    client: MlflowClient,
+    run_id: str,
+    model_name: str,
+    tags: Mapping[str, str],
+) -> ModelRef:
+    """Log the model, register a new version of ``model_name`` with ``tags``, alias it
+    ``challenger``, and return it."""
+    info = log_model(forecaster, example, run_id=run_id, tracking_uri=client.tracking_uri)
+    try:
+        client.create_registered_model(model_name, description="Transformer time-series forecaster")
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    version_tags = {**tags, "registration": "complete"}
+    model_version = client.create_model_version(
+        model_name,
+        source=info.model_uri,
+        run_id=run_id,
+        tags={k: str(v) for k, v in version_tags.items()},
+        model_id=info.model_id,
+    )
+    version = str(model_version.version)
+    try:
+        client.set_registered_model_alias(model_name, CHALLENGER, version)
+    except Exception:
+        try:
+            client.delete_model_version(model_name, version)
+        except Exception:  # the server that failed the alias may fail this too
+            logger.warning("could not delete version %s of %s after a failure", version, model_name)
+        raise
+    logger.info("registered %s version %s as @%s", model_name, version, CHALLENGER)
+    client.set_tag(run_id, "registered_version", version)
+    return registry.resolve_model(
+        f"models:/{model_name}/{version}", tracking_uri=client.tracking_uri
+    )

@@ -1,0 +1,255 @@
+"""Retrain: ingest -> split -> train -> evaluate -> register -> promote, as one MLflow run.
+
+The run ends FINISHED, FAILED (with the error as the ``error`` tag) or KILLED (interrupted).
+``champion`` only moves in the very last step, so any failure before it leaves the champion
+as it was; nothing is registered before the model has trained and been evaluated. Runs hold
+the pipeline lock, so they never overlap; a run that was killed (and so could not mark its
+MLflow run) is marked KILLED by the next run on the same host.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+from mlflow.entities import RunStatus
+from mlflow.tracking import MlflowClient
+
+from forecaster.errors import ForecasterInputError
+from pipelines import tracking
+from pipelines.evaluate import Evaluation, evaluate
+from pipelines.ingest import IngestResult, ingest
+from pipelines.lock import pipeline_lock
+from pipelines.promote import PromotionDecision, promote
+from pipelines.register import code_version, input_example, register
+from pipelines.registry import ModelRef
+from pipelines.settings import PipelineSettings
+from pipelines.split import DataSplit, SplitPlan, split
+from pipelines.train import TrainOutcome, log_params, train
+
+logger = logging.getLogger(__name__)
+
+# Run tags that let a later run recognise a run killed on this host.
+HOST_TAG, PID_TAG, KIND_TAG = "pipeline.host", "pipeline.pid", "pipeline.kind"
+
+
+@dataclass(frozen=True)
+class TrainResultSummary:
+    """What ``train_and_register`` produced."""
+
+    run_id: str
+    data: IngestResult
+    split: DataSplit
+    training: TrainOutcome
+    evaluation: Evaluation
+    version: ModelRef
+
+
+@dataclass(frozen=True)
+class RetrainResult:
+    """What a retrain run did: the run, the new version, its metrics, the decision."""
+
+    run_id: str
+    experiment_id: str
+    version: ModelRef
+    evaluation: Evaluation
+    decision: PromotionDecision
+    fingerprint: str
+
+
+def _plan(settings: PipelineSettings) -> SplitPlan:
+    return SplitPlan.from_config(
+        settings.model_config_obj(),
+        val_length=settings.resolved_val_length,
+        backtest_windows=settings.backtest_windows,
+    )
+
+
+def load_data(settings: PipelineSettings, data: str | Path | pd.DataFrame | None) -> IngestResult:
+    """Ingest ``data`` (or the configured source) with the length the split plan needs."""
+    source = data if data is not None else settings.data
+    if source is None:
+        raise ForecasterInputError(
+            "no data source: pass --data PATH or set FORECASTER_DATA / `data:` in the config",
+            field="data",
+        )
+    plan = _plan(settings)
+    return ingest(
+        source,
+        covariates=settings.model_config_obj().covariates,
+        min_length=plan.min_series_length,
+        time_column=settings.time_column,
+        requirement=plan.describe(),
+    )
+
+
+def mark_stale_runs(client: MlflowClient, experiment_id: str) -> None:
+    """Mark KILLED the RUNNING pipeline runs of this host whose process is gone.
+
+    Only called while holding the pipeline lock, so no live run of this host can be among them.
+    """
+    host = socket.gethostname()
+    runs = client.search_runs(
+        [experiment_id],
+        filter_string=f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{host}'",
+        max_results=100,
+    )
+    for run in runs:
+        pid = int(run.data.tags.get(PID_TAG, "0") or 0)
+        if pid == os.getpid() or _alive(pid):
+            continue
+        client.set_tag(run.info.run_id, "error", "process died before the run finished")
+        client.set_terminated(run.info.run_id, status=RunStatus.to_string(RunStatus.KILLED))
+        logger.warning("marked run %s (pid %d, gone) as KILLED", run.info.run_id, pid)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class PipelineRun:
+    """An MLflow run that ends FINISHED, FAILED or KILLED according to how its block exits."""
+
+    def __init__(self, settings: PipelineSettings, kind: str, run_name: str | None = None):
+        self.settings = settings
+        self.kind = kind
+        self.run_name = run_name
+        self.uri = settings.resolved_tracking_uri
+        self.client = tracking.client(self.uri)
+        self.experiment_id = ""
+        self.run_id = ""
+        self._uri_context = None
+
+    def __enter__(self) -> PipelineRun:
+        tracking.check_reachable(self.uri)
+        self.experiment_id = tracking.ensure_experiment(
+            self.settings.experiment,
+            tracking_uri=self.uri,
+            artifact_location=self.settings.artifact_location,
+        )
+        with tracking.tracking_errors(self.uri):
+            mark_stale_runs(self.client, self.experiment_id)
+        self._uri_context = tracking.tracking_uri_set(self.uri)
+        self._uri_context.__enter__()
+        run = mlflow.start_run(
+            experiment_id=self.experiment_id,
+            run_name=self.run_name,
+            tags={
+                HOST_TAG: socket.gethostname(),
+                PID_TAG: str(os.getpid()),
+                KIND_TAG: self.kind,
+                "code_version": code_version(),
+            },
+        )
+        self.run_id = run.info.run_id
+        logger.info(
+            "MLflow run %s in experiment %r at %s", self.run_id, self.settings.experiment, self.uri
+        )
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                mlflow.end_run(RunStatus.to_string(RunStatus.FINISHED))
+            else:
+                killed = issubclass(exc_type, KeyboardInterrupt | SystemExit)
+                try:
+                    self.client.set_tag(self.run_id, "error", f"{exc_type.__name__}: {exc}"[:5000])
+                finally:
+                    mlflow.end_run(
+                        RunStatus.to_string(RunStatus.KILLED if killed else RunStatus.FAILED)
+                    )
+        except Exception:
+            # The server may be what failed; never hide the original error behind this one.
+            logger.warning("could not mark run %s as ended", self.run_id, exc_info=True)
+        finally:
+            self._uri_context.__exit__(None, None, None)
+
+
+def train_and_register(
+    settings: PipelineSettings, data: IngestResult, run: PipelineRun
+) -> TrainResultSummary:
+    """Split, train, evaluate and register ``data`` inside ``run``; alias `challenger`."""
+    client = run.client
+    parts = split(data.frame, _plan(settings))
+    log_params(client, run.run_id, {**data.as_params(), **parts.as_params()})
+    outcome = train(
+        parts,
+        settings.model_config_obj(),
+        settings.train_config_obj(),
+        client=client,
+        run_id=run.run_id,
+    )
+    evaluation = evaluate(
+        outcome.forecaster,
+        data.frame,
+        n_windows=settings.backtest_windows,
+        client=client,
+        run_id=run.run_id,
+        plot_series=settings.plot_series,
+    )
+    version = register(
+        outcome.forecaster,
+        input_example(outcome.forecaster, parts.train),
+        client=client,
+        run_id=run.run_id,
+        model_name=settings.model_name,
+        tags={
+            "data.fingerprint": data.fingerprint,
+            "data.source": data.source,
+            "data.end": data.end.isoformat(),
+            "train.window_end": parts.val_end.isoformat(),
+            "train.train_end": parts.train_end.isoformat(),
+            "code_version": code_version(),
+            f"backtest.{settings.promotion_metric}": f"{evaluation.model.get(settings.promotion_metric, float('nan')):.6g}",
+        },
+    )
+    return TrainResultSummary(run.run_id, data, parts, outcome, evaluation, version)
+
+
+def retrain(
+    settings: PipelineSettings, data: str | Path | pd.DataFrame | None = None
+) -> RetrainResult:
+    """The whole pipeline as one MLflow run, holding the pipeline lock.
+
+    Raises:
+        PipelineLockedError: another run holds the lock.
+        TrackingUnavailableError: the tracking server cannot be reached (before any work).
+        ForecasterInputError: the data is bad (the run is recorded as FAILED).
+    """
+    with pipeline_lock(settings.lock_file), PipelineRun(settings, "retrain") as run:
+        ingested = load_data(settings, data)
+        summary = train_and_register(settings, ingested, run)
+        decision = promote(
+            ingested.frame,
+            model_name=settings.model_name,
+            metric=settings.promotion_metric,
+            margin=settings.promotion_margin,
+            require_beats_baseline=settings.require_beats_baseline,
+            tracking_uri=run.uri,
+        )
+        run.client.set_tag(
+            run.run_id, "promotion.decision", "promoted" if decision.promoted else "rejected"
+        )
+        run.client.set_tag(run.run_id, "promotion.reason", decision.reason[:5000])
+        return RetrainResult(
+            run_id=run.run_id,
+            experiment_id=run.experiment_id,
+            version=summary.version,
+            evaluation=summary.evaluation,
+            decision=decision,
+            fingerprint=ingested.fingerprint,
+        )

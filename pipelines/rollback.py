@@ -1,0 +1,65 @@
+"""Rollback: point `champion` back at the version it replaced."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from mlflow.exceptions import MlflowException
+
+from pipelines import tracking
+from pipelines.errors import ModelNotFoundError
+from pipelines.promote import PREVIOUS_CHAMPION
+from pipelines.registry import CHAMPION, resolve_model
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RollbackResult:
+    model_name: str
+    from_version: str
+    to_version: str
+
+
+def rollback(
+    *, model_name: str, to_version: str | None = None, tracking_uri: str | None = None
+) -> RollbackResult:
+    """Move ``champion`` to ``to_version``, or by default to the version the current champion
+    replaced when it was promoted (its ``promotion.previous_champion`` tag). Rolling back
+    twice goes two promotions back.
+
+    Raises:
+        ModelNotFoundError: there is no champion, it replaced nothing, or the target version
+            does not exist.
+    """
+    current = resolve_model(f"models:/{model_name}@{CHAMPION}", tracking_uri=tracking_uri)
+    client = tracking.client(tracking_uri)
+    with tracking.tracking_errors(tracking_uri):
+        if to_version is None:
+            tags = client.get_model_version(model_name, current.version).tags
+            to_version = tags.get(PREVIOUS_CHAMPION)
+            if not to_version:
+                raise ModelNotFoundError(
+                    f"cannot roll back {model_name}@{CHAMPION}: version {current.version} was the "
+                    "first champion (it replaced no version); name one with --to-version",
+                    model_uri=f"models:/{model_name}@{CHAMPION}",
+                )
+        target = resolve_model(f"models:/{model_name}/{to_version}", tracking_uri=tracking_uri)
+        try:
+            client.set_model_version_tag(
+                model_name,
+                current.version,
+                "rollback.rolled_back_at",
+                datetime.now(UTC).isoformat(timespec="seconds"),
+            )
+            client.set_model_version_tag(
+                model_name, current.version, "rollback.replaced_by", target.version
+            )
+            client.set_registered_model_alias(model_name, CHAMPION, target.version)
+        except MlflowException:
+            logger.error("rollback of %s failed; champion unchanged", model_name)
+            raise
+    logger.info("%s@%s: version %s -> %s", model_name, CHAMPION, current.version, target.version)
+    return RollbackResult(model_name, current.version, target.version)

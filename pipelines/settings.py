@@ -1,0 +1,229 @@
+"""`PipelineSettings`: the one settings object of the pipelines.
+
+Sources, highest priority first: explicit overrides (CLI options), environment variables
+(prefix ``FORECASTER_``, nested keys with ``__``, e.g. ``FORECASTER_MODEL__CONTEXT_LENGTH=96``),
+a ``.env`` file in the working directory, a YAML file given with ``--config``, then defaults.
+
+With nothing configured the tracking store and registry are ``sqlite:///mlflow.db`` with
+artifacts in ``./mlartifacts``; ``MLFLOW_TRACKING_URI`` is honoured as MLflow defines it
+(``FORECASTER_TRACKING_URI`` / ``tracking_uri`` wins when both are set).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from croniter import croniter
+from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from forecaster import ModelConfig, TrainConfig
+from forecaster.errors import InvalidConfigError
+from pipelines import tracking
+from pipelines.registry import DEFAULT_MODEL_NAME
+
+# Metrics promotion may compare on; all are "lower is better".
+PromotionMetric = Literal["mae", "mse", "rmse", "mase", "smape", "pinball"]
+
+_yaml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("yaml_file", default=None)
+
+
+class PipelineSettings(BaseSettings):
+    """Everything the train / evaluate / register / promote / schedule steps read."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="FORECASTER_",
+        env_file=".env",
+        env_nested_delimiter="__",
+        # The service's settings share the prefix and the .env file: ignore what is theirs.
+        extra="ignore",
+        protected_namespaces=(),
+    )
+
+    # -- MLflow ---------------------------------------------------------------------------
+    # Tracking store and registry; None falls back to MLFLOW_TRACKING_URI, then SQLite.
+    tracking_uri: str | None = None
+    # Artifact root of experiments created on a local store; None means ./mlartifacts.
+    artifact_location: str | None = None
+    experiment: str = "forecaster"
+    # Registered model name; versions get the aliases `challenger` and `champion`.
+    model_name: str = DEFAULT_MODEL_NAME
+
+    # -- data -----------------------------------------------------------------------------
+    # CSV or Parquet, long (unique_id, ds, y, covariates) or wide (a time column + variables).
+    data: Path | None = None
+    # Time column of a wide file (default "date").
+    time_column: str | None = None
+
+    # -- model ----------------------------------------------------------------------------
+    # Overrides of forecaster.ModelConfig / TrainConfig fields, e.g. {"context_length": 96}.
+    model: dict[str, Any] = Field(default_factory=dict)
+    train: dict[str, Any] = Field(default_factory=dict)
+
+    # -- splits and evaluation ---------------------------------------------------------------
+    # Points per series held out for early stopping; None means 2 horizons.
+    val_length: int | None = Field(default=None, ge=1)
+    # Rolling-origin backtest windows (one horizon each) at the end of every series; the last
+    # one is the holdout window promotion scores champion and challenger on.
+    backtest_windows: int = Field(default=3, ge=1)
+    # Series drawn in the forecast plot.
+    plot_series: int = Field(default=4, ge=1)
+
+    # -- promotion ------------------------------------------------------------------------
+    promotion_metric: PromotionMetric = "mase"
+    # Relative improvement the challenger needs over the champion: 0.02 = 2 % lower metric.
+    promotion_margin: float = Field(default=0.0, ge=0.0, lt=1.0)
+    # The challenger must also beat seasonal naive on the holdout window to be promoted.
+    require_beats_baseline: bool = True
+
+    # -- schedule -------------------------------------------------------------------------
+    schedule: str = "0 3 * * *"
+    # Lock file that keeps two pipeline runs from overlapping.
+    lock_file: Path = Path(".forecaster-pipeline.lock")
+
+    # -- batch prediction -----------------------------------------------------------------
+    # Series per predict() call when scoring a file.
+    predict_chunk_series: int = Field(default=2048, ge=1)
+
+    @field_validator("schedule")
+    @classmethod
+    def _valid_cron(cls, value: str) -> str:
+        if not croniter.is_valid(value):
+            raise ValueError(f"expected a cron expression such as '0 3 * * *', got {value!r}")
+        return value
+
+    @field_validator("model", "train", mode="before")
+    @classmethod
+    def _none_is_empty(cls, value: Any) -> Any:
+        return {} if value is None else value
+
+    @model_validator(mode="after")
+    def _configs_build(self) -> PipelineSettings:
+        # Fail at startup, not after ingesting data, when an override is wrong.
+        self.model_config_obj()
+        self.train_config_obj()
+        return self
+
+    # -- derived values -------------------------------------------------------------------
+    @property
+    def resolved_tracking_uri(self) -> str:
+        return tracking.resolve_tracking_uri(self.tracking_uri)
+
+    def model_config_obj(self) -> ModelConfig:
+        """``ModelConfig`` with this object's overrides applied (validated)."""
+        return _build(ModelConfig, self.model, "model")
+
+    def train_config_obj(self) -> TrainConfig:
+        """``TrainConfig`` with this object's overrides applied (validated)."""
+        return _build(TrainConfig, self.train, "train")
+
+    @property
+    def horizon(self) -> int:
+        return self.model_config_obj().prediction_length
+
+    @property
+    def resolved_val_length(self) -> int:
+        return self.val_length or 2 * self.horizon
+
+    @property
+    def champion_uri(self) -> str:
+        return f"models:/{self.model_name}@champion"
+
+    @property
+    def challenger_uri(self) -> str:
+        return f"models:/{self.model_name}@challenger"
+
+    # -- loading --------------------------------------------------------------------------
+    @classmethod
+    def load(cls, config_file: str | Path | None = None, **overrides: Any) -> PipelineSettings:
+        """Settings from a YAML file, ``.env``, the environment and explicit overrides.
+
+        Raises:
+            InvalidConfigError: the YAML file is missing, unreadable or has unknown keys, or
+                a value is invalid (the message names the setting).
+        """
+        path = Path(config_file) if config_file else None
+        if path is not None:
+            _check_yaml(path, set(cls.model_fields))
+        token = _yaml_file.set(path)
+        try:
+            return cls(**{k: v for k, v in overrides.items() if v is not None})
+        except ValidationError as exc:
+            raise InvalidConfigError(_one_line(exc), field=_first_field(exc)) from None
+        finally:
+            _yaml_file.reset(token)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources = [init_settings, env_settings, dotenv_settings]
+        path = _yaml_file.get()
+        if path is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+        return (*sources, file_secret_settings)
+
+
+def _build(cls: type, overrides: dict[str, Any], section: str) -> Any:
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(
+            f"{section}: unknown {cls.__name__} field(s) {unknown}; expected some of {sorted(known)}"
+        )
+    try:
+        # Pydantic coerces strings from the environment ("96" -> 96) and then the dataclass
+        # validates itself in __post_init__.
+        return TypeAdapter(cls).validate_python(dict(overrides))
+    except ValidationError as exc:
+        raise ValueError(f"{section}: {_one_line(exc)}") from None
+
+
+def _check_yaml(path: Path, known: set[str]) -> None:
+    if not path.is_file():
+        raise InvalidConfigError(f"config file {path}: no such file", field="config")
+    try:
+        content = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise InvalidConfigError(
+            f"config file {path}: not valid YAML: {exc}", field="config"
+        ) from None
+    if not isinstance(content, dict):
+        raise InvalidConfigError(
+            f"config file {path}: expected a mapping of settings, got {type(content).__name__}",
+            field="config",
+        )
+    unknown = sorted(set(map(str, content)) - known)
+    if unknown:
+        raise InvalidConfigError(
+            f"config file {path}: unknown setting(s) {unknown}; expected some of {sorted(known)}",
+            field=unknown[0],
+        )
+
+
+def _first_field(exc: ValidationError) -> str | None:
+    errors = exc.errors()
+    return ".".join(map(str, errors[0]["loc"])) if errors and errors[0]["loc"] else None
+
+
+def _one_line(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        where = ".".join(map(str, error["loc"]))
+        message = str(error["msg"]).removeprefix("Value error, ")
+        parts.append(f"{where}: {message}" if where else message)
+    return "; ".join(parts)

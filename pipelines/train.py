@@ -1,0 +1,135 @@
+"""Train: fit the Forecaster on the training split, logging everything to an MLflow run."""
+
+from __future__ import annotations
+
+import logging
+import platform
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+
+from forecaster import EpochLog, Forecaster, ModelConfig, TrainConfig
+from forecaster.config import config_to_dict
+from pipelines.split import DataSplit
+
+logger = logging.getLogger(__name__)
+
+_PACKAGES = ("forecaster", "torch", "numpy", "pandas", "mlflow", "safetensors", "pyarrow")
+
+
+@dataclass(frozen=True)
+class TrainOutcome:
+    """A fitted model and how its training went."""
+
+    forecaster: Forecaster
+    best_epoch: int
+    best_val_loss: float | None
+    epochs: int
+    seconds: float
+    device: str
+
+
+class MlflowEpochLogger:
+    """Per-epoch callback: train/val loss, learning rate and epoch time as MLflow metrics.
+
+    Each epoch is sent as one batch request, so a slow server costs one round trip per epoch.
+    """
+
+    def __init__(self, client: MlflowClient, run_id: str):
+        self.client = client
+        self.run_id = run_id
+
+    def __call__(self, log: EpochLog) -> None:
+        now = int(time.time() * 1000)
+        values = {
+            "train_loss": log.train_loss,
+            "val_loss": log.val_loss,
+            "learning_rate": log.learning_rate,
+            "epoch_seconds": log.seconds,
+        }
+        metrics = [
+            Metric(key, float(value), now, log.epoch)
+            for key, value in values.items()
+            if value is not None
+        ]
+        self.client.log_batch(self.run_id, metrics=metrics)
+        logger.info(
+            "epoch %d: train_loss %.4f val_loss %s%s",
+            log.epoch,
+            log.train_loss,
+            "-" if log.val_loss is None else f"{log.val_loss:.4f}",
+            " (best)" if log.is_best else "",
+        )
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in _PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def config_params(model_config: ModelConfig, train_config: TrainConfig) -> dict[str, Any]:
+    params = {f"model.{k}": v for k, v in config_to_dict(model_config).items()}
+    params.update({f"train.{k}": v for k, v in config_to_dict(train_config).items()})
+    return params
+
+
+def log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> None:
+    """Log params in batches (MLflow caps a batch at 100 params and a value at 6000 chars)."""
+    items = [Param(key, str(value)[:6000]) for key, value in params.items()]
+    for begin in range(0, len(items), 100):
+        client.log_batch(run_id, params=items[begin : begin + 100])
+
+
+def train(
+    data: DataSplit,
+    model_config: ModelConfig,
+    train_config: TrainConfig,
+    *,
+    client: MlflowClient,
+    run_id: str,
+) -> TrainOutcome:
+    """Fit a Forecaster on ``data.train`` with early stopping on ``data.val``.
+
+    Logs to run ``run_id``: every model and train config value, package versions, the seed,
+    the device, and per epoch train loss, validation loss and learning rate.
+    """
+    forecaster = Forecaster(model_config, train_config)
+    params = config_params(model_config, train_config)
+    params.update({f"version.{k}": v for k, v in package_versions().items()})
+    params["seed"] = train_config.seed
+    params["device"] = str(forecaster.device)
+    log_params(client, run_id, params)
+    logger.info(
+        "training on %d rows (%d series) on %s",
+        len(data.train),
+        data.train["unique_id"].nunique(),
+        forecaster.device,
+    )
+    started = time.perf_counter()
+    forecaster.fit(data.train, val_df=data.val, callbacks=[MlflowEpochLogger(client, run_id)])
+    seconds = time.perf_counter() - started
+    result = forecaster.train_result
+    outcome = TrainOutcome(
+        forecaster=forecaster,
+        best_epoch=result.best_epoch if result else 0,
+        best_val_loss=result.best_val_loss if result else None,
+        epochs=len(result.epochs) if result else 0,
+        seconds=seconds,
+        device=str(forecaster.device),
+    )
+    summary = {"train_seconds": seconds, "best_epoch": float(outcome.best_epoch)}
+    if outcome.best_val_loss is not None:
+        summary["best_val_loss"] = float(outcome.best_val_loss)
+    now = int(time.time() * 1000)
+    client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in summary.items()])
+    client.set_tag(run_id, "device", outcome.device)
+    return outcome

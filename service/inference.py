@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from forecaster.data import quantile_column
-from forecaster.errors import ForecasterInputError
+from forecaster.errors import ForecasterInputError, SeriesTooShortError
 from service.errors import InvalidInputError
 from service.model_manager import ServedModel
 from service.schemas import ForecastRequest
@@ -91,7 +91,7 @@ def _frame_error(exc: Exception, index: int, series_id: str, field: str) -> Inva
 
 
 def request_frames(
-    request: ForecastRequest, covariates: Sequence[str], horizon: int
+    request: ForecastRequest, covariates: Sequence[str], horizon: int, min_history: int
 ) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """The long history frame and, for models with covariates, the future covariate frame."""
     ids: list[np.ndarray] = []
@@ -101,6 +101,12 @@ def request_frames(
     future_parts: list[pd.DataFrame] = []
     for i, s in enumerate(request.series):
         n = len(s.values)
+        if n == 0:  # a series without rows never reaches the frame the core validates
+            raise SeriesTooShortError(
+                f"series {s.id!r} has no values, expected at least {min_history}",
+                series_id=s.id,
+                field="y",
+            )
         try:
             ds = _timestamps(s)
         except (ValueError, TypeError, OverflowError) as exc:

@@ -632,7 +632,7 @@ def _forecast_partition(
             if writer is None:
                 writer = pq.ParquetWriter(tmp, result.schema)
             writer.write_table(result)
-            rows += hi - lo
+            rows += int(hi - lo)
             series += int(codes[hi - 1] - codes[lo] + 1)
             if not ctx.report(rows_done=rows_before + rows, series_done=series_before + series):
                 raise JobStopped("job cancelled or taken over")

@@ -1,0 +1,229 @@
+"""Every kind of bad input is a 4xx whose message names the field and the series; never a 500."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+CONTEXT, HORIZON = 48, 12  # the tiny model of conftest.py
+
+
+def _series(payload, **changes):
+    series = payload("series_002")
+    series.update(changes)
+    return series
+
+
+def _break(payload, how):
+    s = payload("series_002")
+    if how == "empty":
+        s["values"], s["timestamps"] = [], []
+    elif how == "nan":
+        s["values"][3] = float("nan")
+    elif how == "null":
+        s["values"][3] = None
+    elif how == "text":
+        s["values"][3] = "abc"
+    elif how == "unsorted":
+        s["timestamps"][3], s["timestamps"][4] = s["timestamps"][4], s["timestamps"][3]
+    elif how == "duplicate":
+        s["timestamps"][4] = s["timestamps"][3]
+    elif how == "gap":
+        s = payload("series_002", CONTEXT + 10)
+        del s["timestamps"][10]
+        del s["values"][10]
+    elif how == "length_mismatch":
+        s["values"] = s["values"][:-1]
+    elif how == "too_short":
+        s["values"], s["timestamps"] = s["values"][-10:], s["timestamps"][-10:]
+    elif how == "bad_timestamp":
+        s["timestamps"][2] = "yesterday-ish"
+    elif how == "bad_freq":
+        s = {"id": "series_002", "start": "2024-01-01", "freq": "fortnightly", "values": [1.0] * 60}
+    elif how == "wrong_freq":
+        s = {"id": "series_002", "start": "2024-01-01", "freq": "D", "values": s["values"]}
+    elif how == "both_timestamps_and_start":
+        s["start"], s["freq"] = s["timestamps"][0], "h"
+    elif how == "neither":
+        del s["timestamps"]
+    return s
+
+
+CASES = {
+    # how: (status, field the error names)
+    "empty": (422, "series[1].values"),
+    "nan": (422, "series[1].values"),
+    "null": (422, "series[1].values"),
+    "text": (422, "series[1].values[3]"),
+    "unsorted": (422, "series[1].timestamps"),
+    "duplicate": (422, "series[1].timestamps"),
+    "gap": (422, "series[1].timestamps"),
+    "length_mismatch": (422, "series[1]"),
+    "too_short": (422, "series[1].values"),
+    "bad_timestamp": (422, "series[1].timestamps[2]"),
+    "bad_freq": (422, "series[1].freq"),
+    "wrong_freq": (422, "series[1].start"),
+    "both_timestamps_and_start": (422, "series[1]"),
+    "neither": (422, "series[1]"),
+}
+
+
+@pytest.mark.parametrize("how", list(CASES))
+def test_bad_series_is_422_naming_field_and_series(client, payload, how):
+    body = {"series": [payload("series_000"), _break(payload, how)]}
+    # json.dumps writes NaN as the literal JSON parsers such as Python's accept
+    response = client.post(
+        "/v1/forecast", content=json.dumps(body), headers={"content-type": "application/json"}
+    )
+    status, field = CASES[how]
+    assert response.status_code == status, response.text
+    error = response.json()
+    assert error["field"] == field, error
+    assert error["series_id"] == "series_002", error
+    assert "series_002" in error["detail"], error["detail"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "needle"),
+    [
+        ({"horizon": HORIZON + 1}, "horizon", f"between 1 and {HORIZON}"),
+        ({"horizon": 0}, "horizon", "greater than or equal to 1"),
+        ({"quantiles": [0.25]}, "quantiles", "0.25"),
+        ({"quantiles": [1.5]}, "quantiles[0]", "less than 1"),
+        ({"quantiles": [0.1, 0.1]}, "quantiles", "distinct"),
+        ({"series": []}, "series", "at least 1"),
+        ({"unexpected": 1}, "unexpected", "Extra inputs"),
+    ],
+)
+def test_bad_request_fields(client, payload, changes, field, needle):
+    body = {"series": [payload("series_000")], **changes}
+    response = client.post("/v1/forecast", json=body)
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == field
+    assert needle in response.json()["detail"]
+
+
+def test_duplicate_series_ids(client, payload):
+    body = {"series": [payload("series_000"), payload("series_000")]}
+    response = client.post("/v1/forecast", json=body)
+    assert response.status_code == 422
+    assert "series_000" in response.json()["detail"]
+
+
+def test_huge_values_give_422_not_500(client, payload):
+    series = payload("series_000")
+    series["values"] = [1e300 * (-1) ** i for i in range(len(series["values"]))]
+    response = client.post("/v1/forecast", json={"series": [series]})
+    assert response.status_code == 422, response.text
+    assert response.json()["series_id"] == "series_000"
+
+
+@pytest.mark.parametrize(
+    ("content", "content_type"),
+    [
+        (b"not json at all", "application/json"),
+        (b"series=1", "application/x-www-form-urlencoded"),
+        (b"\xff\xfe\x00", "application/json"),
+        (b'{"series": "abc"}', "application/json"),
+    ],
+)
+def test_malformed_or_wrong_content_type(client, content, content_type):
+    response = client.post("/v1/forecast", content=content, headers={"content-type": content_type})
+    assert 400 <= response.status_code < 500, response.text
+    assert response.json()["detail"]
+
+
+# -- batch jobs: files ---------------------------------------------------------------------
+
+
+def _csv(frame) -> bytes:
+    return frame.to_csv(index=False).encode()
+
+
+def test_batch_job_malformed_csv(client):
+    response = client.post(
+        "/v1/batch-jobs",
+        content=b'unique_id,ds,y\n"a,2024-01-01,1\nb,2024',
+        headers={"content-type": "text/csv"},
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == "file"
+    assert "CSV" in response.json()["detail"]
+
+
+def test_batch_job_malformed_parquet(client):
+    response = client.post(
+        "/v1/batch-jobs",
+        content=b"PAR1 this is not really parquet",
+        headers={"content-type": "application/vnd.apache.parquet"},
+    )
+    assert response.status_code == 422, response.text
+    assert "Parquet" in response.json()["detail"]
+
+
+def test_batch_job_csv_sent_as_parquet(client, history):
+    response = client.post(
+        "/v1/batch-jobs",
+        content=_csv(history),
+        headers={"content-type": "application/vnd.apache.parquet"},
+    )
+    assert response.status_code == 422
+    assert "PAR1" in response.json()["detail"]
+
+
+def test_batch_job_missing_columns(client, history):
+    response = client.post(
+        "/v1/batch-jobs",
+        content=_csv(history.rename(columns={"y": "value"})),
+        headers={"content-type": "text/csv"},
+    )
+    assert response.status_code == 422
+    assert response.json()["field"] == "y"
+    assert "value" in response.json()["detail"]  # it lists what the file has
+
+
+@pytest.mark.parametrize("content", [b"", b"unique_id,ds,y\n"])
+def test_batch_job_empty_file(client, content):
+    response = client.post("/v1/batch-jobs", content=content, headers={"content-type": "text/csv"})
+    assert response.status_code == 422
+    assert response.json()["field"] == "file"
+
+
+def test_batch_job_wrong_content_type(client, history):
+    response = client.post(
+        "/v1/batch-jobs", content=_csv(history), headers={"content-type": "image/png"}
+    )
+    assert response.status_code == 415
+    assert "content-type" in response.json()["detail"]
+
+
+def test_batch_job_multipart_without_file(client):
+    response = client.post("/v1/batch-jobs", data={"horizon": "3"}, files={"other": ("x", b"1")})
+    assert response.status_code == 422
+    assert response.json()["field"] == "file"
+
+
+def test_batch_job_bad_horizon_and_quantiles(client, history):
+    files = {"file": ("h.csv", io.BytesIO(_csv(history)), "text/csv")}
+    response = client.post("/v1/batch-jobs", files=files, data={"horizon": str(HORIZON + 5)})
+    assert response.status_code == 422
+    assert response.json()["field"] == "horizon"
+    files = {"file": ("h.csv", io.BytesIO(_csv(history)), "text/csv")}
+    response = client.post("/v1/batch-jobs", files=files, data={"quantiles": "0.1,abc"})
+    assert response.status_code == 422
+    assert response.json()["field"] == "quantiles"
+
+
+@pytest.mark.parametrize("path", ["../../etc/passwd", "/etc/passwd", "missing.csv"])
+def test_batch_job_path_outside_or_missing(client, path):
+    response = client.post("/v1/batch-jobs", json={"path": path})
+    assert response.status_code == 422
+    assert response.json()["field"] == "path"
+
+
+def test_rejected_uploads_leave_no_files(client, tmp_path):
+    client.post("/v1/batch-jobs", content=b"garbage", headers={"content-type": "text/csv"})
+    jobs_dir = tmp_path / "data" / "jobs"
+    assert not jobs_dir.exists() or not any(jobs_dir.iterdir())

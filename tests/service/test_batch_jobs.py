@@ -1,0 +1,233 @@
+"""Batch jobs: accepted only once on disk, processed in chunks, results in CSV or Parquet,
+resumed after a restart."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from service.jobs import JobStore
+
+HORIZON = 12
+
+
+def wait_for_job(client, job_id: str, timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = client.get(f"/v1/batch-jobs/{job_id}").json()
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            return job
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} did not finish: {job}")
+
+
+def read_result(response) -> pd.DataFrame:
+    if response.headers["content-type"].startswith("text/csv"):
+        frame = pd.read_csv(io.BytesIO(response.content), parse_dates=["ds"])
+    else:
+        frame = pd.read_parquet(io.BytesIO(response.content))
+    frame["unique_id"] = frame["unique_id"].astype("str")
+    return frame.sort_values(["unique_id", "ds"]).reset_index(drop=True)
+
+
+def expected(fitted, history, **kwargs) -> pd.DataFrame:
+    out = fitted.predict(history, **kwargs)
+    return out.sort_values(["unique_id", "ds"]).reset_index(drop=True)
+
+
+def assert_same_forecast(got: pd.DataFrame, want: pd.DataFrame) -> None:
+    assert list(got.columns) == list(want.columns)
+    assert got["unique_id"].tolist() == want["unique_id"].tolist()
+    assert (got["ds"].to_numpy() == want["ds"].to_numpy()).all()
+    for column in got.columns[2:]:
+        np.testing.assert_allclose(got[column], want[column], rtol=1e-5, atol=1e-5)
+
+
+def test_csv_upload_to_csv_result(client, history, fitted):
+    files = {"file": ("history.csv", history.to_csv(index=False).encode(), "text/csv")}
+    response = client.post("/v1/batch-jobs", files=files, data={"horizon": "6"})
+    assert response.status_code == 202, response.text
+    job = response.json()
+    assert response.headers["location"] == f"/v1/batch-jobs/{job['id']}"
+    assert job["status"] in ("queued", "running", "succeeded")
+    done = wait_for_job(client, job["id"])
+    assert done["status"] == "succeeded", done
+    assert done["progress"] == 1.0
+    assert done["series_done"] == history["unique_id"].nunique()
+    assert done["model"]["version"] == "3"
+    result = client.get(done["result_url"])
+    assert result.headers["content-type"].startswith("text/csv")
+    assert_same_forecast(read_result(result), expected(fitted, history, horizon=6))
+
+
+def test_parquet_upload_raw_body_to_parquet_result(client, history, fitted):
+    buffer = io.BytesIO()
+    history.to_parquet(buffer, index=False)
+    response = client.post(
+        "/v1/batch-jobs?quantiles=0.1,0.9",
+        content=buffer.getvalue(),
+        headers={"content-type": "application/vnd.apache.parquet"},
+    )
+    assert response.status_code == 202, response.text
+    done = wait_for_job(client, response.json()["id"])
+    assert done["status"] == "succeeded", done
+    result = client.get(f"/v1/batch-jobs/{done['id']}/result")
+    assert result.headers["content-type"] == "application/vnd.apache.parquet"
+    got = read_result(result)
+    assert_same_forecast(got, expected(fitted, history, quantiles=[0.1, 0.9]))
+    # the same result, converted on request
+    as_csv = client.get(f"/v1/batch-jobs/{done['id']}/result?format=csv")
+    assert_same_forecast(read_result(as_csv), got)
+
+
+def test_path_under_input_dir(make_client, tmp_path, history, fitted):
+    client = make_client()
+    inputs = tmp_path / "data" / "inputs"
+    (inputs / "nightly").mkdir(parents=True)
+    history.to_csv(inputs / "nightly" / "h.csv", index=False)
+    response = client.post(
+        "/v1/batch-jobs", json={"path": "nightly/h.csv", "output_format": "parquet"}
+    )
+    assert response.status_code == 202, response.text
+    done = wait_for_job(client, response.json()["id"])
+    assert done["status"] == "succeeded", done
+    got = read_result(client.get(f"/v1/batch-jobs/{done['id']}/result"))
+    assert_same_forecast(got, expected(fitted, history))
+    assert (inputs / "nightly" / "h.csv").exists()  # the caller's file is left alone
+
+
+def test_many_partitions_and_chunks_give_the_same_result(make_client, fitted, training_frame):
+    # Tiny partitions and chunks force the hash-partitioned, chunked path.
+    client = make_client(batch_partition_bytes=4096, batch_chunk_series=3)
+    frames = []
+    for k in range(5):  # 20 series: 4 base series, shifted copies under new ids
+        part = training_frame.groupby("unique_id").tail(60).copy()
+        part["unique_id"] = part["unique_id"] + f"-{k}"
+        part["y"] = part["y"] + k
+        frames.append(part)
+    many = pd.concat(frames, ignore_index=True).sample(frac=1.0, random_state=0)  # interleaved
+    many = many.sort_values("ds", kind="stable")  # rows of a series in time order, series mixed
+    response = client.post(
+        "/v1/batch-jobs",
+        content=many.to_csv(index=False).encode(),
+        headers={"content-type": "text/csv"},
+    )
+    assert response.status_code == 202
+    done = wait_for_job(client, response.json()["id"])
+    assert done["status"] == "succeeded", done
+    assert done["rows_total"] == len(many) == done["rows_done"]
+    got = read_result(client.get(f"/v1/batch-jobs/{done['id']}/result"))
+    assert_same_forecast(got, expected(fitted, many))
+
+
+def test_bad_series_fails_the_job_naming_it(client, history):
+    bad = history.copy()
+    bad.loc[bad.index[bad["unique_id"] == "series_001"][5], "y"] = np.nan
+    response = client.post(
+        "/v1/batch-jobs",
+        content=bad.to_csv(index=False).encode(),
+        headers={"content-type": "text/csv"},
+    )
+    assert response.status_code == 202
+    done = wait_for_job(client, response.json()["id"])
+    assert done["status"] == "failed"
+    assert done["error"]["series_id"] == "series_001"
+    assert done["error"]["field"] == "y"
+    assert "series_001" in done["error"]["detail"]
+    result = client.get(f"/v1/batch-jobs/{done['id']}/result")
+    assert result.status_code == 409
+    assert "series_001" in result.json()["detail"]
+
+
+def test_unknown_job(client):
+    assert client.get("/v1/batch-jobs/nope").status_code == 404
+    assert client.get("/v1/batch-jobs/nope/result").status_code == 404
+    assert client.delete("/v1/batch-jobs/nope").status_code == 404
+
+
+def test_list_and_delete(client, history):
+    response = client.post(
+        "/v1/batch-jobs",
+        content=history.to_csv(index=False).encode(),
+        headers={"content-type": "text/csv"},
+    )
+    job_id = response.json()["id"]
+    wait_for_job(client, job_id)
+    listed = client.get("/v1/batch-jobs").json()["jobs"]
+    assert job_id in [j["id"] for j in listed]
+    assert client.delete(f"/v1/batch-jobs/{job_id}").status_code == 204
+    assert client.get(f"/v1/batch-jobs/{job_id}").status_code == 404
+
+
+def test_job_of_a_dead_worker_is_resumed_on_start(make_client, tmp_path, history, fitted):
+    """A job left 'running' by a process that died is picked up by the next start, keeping
+    the partitions it had finished."""
+    data = tmp_path / "data"
+    client = make_client(batch_partition_bytes=4096, batch_chunk_series=1)
+    body = history.to_csv(index=False).encode()
+    # Submit while no worker may take it: stop the runner first, as a crash would.
+    client.portal.call(client.app.state.job_runner.stop)
+    response = client.post("/v1/batch-jobs", content=body, headers={"content-type": "text/csv"})
+    job_id = response.json()["id"]
+    store = JobStore(data / "jobs.db")
+    dead_owner = "some-host-that-is-not-this-one:1:deadbeef"
+    claimed = store.claim(dead_owner, lease_s=3600)
+    assert claimed is not None and claimed.id == job_id
+    # its lease runs out: the dead worker stopped renewing it long ago
+    with store._connect() as conn:
+        conn.execute("UPDATE jobs SET heartbeat_at = 0 WHERE id = ?", (job_id,))
+    client.__exit__(None, None, None)
+
+    restarted = make_client(batch_partition_bytes=4096, batch_chunk_series=1)
+    done = wait_for_job(restarted, job_id)
+    assert done["status"] == "succeeded", done
+    assert done["attempts"] == 2
+    got = read_result(restarted.get(f"/v1/batch-jobs/{job_id}/result"))
+    assert_same_forecast(got, expected(fitted, history))
+
+
+def test_a_job_waits_for_a_model(make_client, history, tmp_path):
+    """Accepted without a model (nothing to check horizons against yet); stays queued."""
+    from service.model_manager import ModelIdentity
+
+    class Empty:
+        label = uri = "forecaster@champion"
+
+        def resolve(self) -> ModelIdentity:
+            raise LookupError("registered model forecaster@champion not found")
+
+        def load(self, identity):  # pragma: no cover - never reached
+            raise AssertionError
+
+    client = make_client(source=Empty())
+    response = client.post(
+        "/v1/batch-jobs",
+        content=history.to_csv(index=False).encode(),
+        headers={"content-type": "text/csv"},
+    )
+    assert response.status_code == 202
+    time.sleep(0.5)
+    assert client.get(f"/v1/batch-jobs/{response.json()['id']}").json()["status"] == "queued"
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_job_files_are_durable_before_202(client, history, tmp_path, fmt):
+    buffer = io.BytesIO()
+    if fmt == "csv":
+        history.to_csv(buffer, index=False)
+    else:
+        history.to_parquet(buffer, index=False)
+    response = client.post(
+        f"/v1/batch-jobs?format={fmt}",
+        content=buffer.getvalue(),
+        headers={"content-type": "application/octet-stream"},
+    )
+    job = response.json()
+    row = JobStore(tmp_path / "data" / "jobs.db").get(job["id"])
+    assert row is not None and row.input_format == fmt
+    assert json.loads(json.dumps(job))["input_format"] == fmt

@@ -17,7 +17,6 @@ from datetime import UTC, datetime
 
 import pandas as pd
 
-from forecaster import Forecaster
 from forecaster.backtest import backtest
 from forecaster.baselines import SeasonalNaive
 from forecaster.errors import ForecasterInputError
@@ -27,7 +26,7 @@ from pipelines.registry import (
     CHALLENGER,
     CHAMPION,
     ModelRef,
-    download_forecaster,
+    load_version,
     resolve_model,
 )
 
@@ -102,17 +101,13 @@ def promote(
     if champion is not None and champion.version == challenger.version:
         return decide(False, f"version {challenger.version} is already {CHAMPION}")
 
-    challenger_model = Forecaster.load(
-        download_forecaster(challenger, tracking_uri=tracking_uri), device=device
-    )
+    challenger_model = load_version(challenger, tracking_uri=tracking_uri, device=device)
     horizon = challenger_model.max_horizon
     champion_model = None
     champion_problem = None
     if champion is not None:
         try:
-            champion_model = Forecaster.load(
-                download_forecaster(champion, tracking_uri=tracking_uri), device=device
-            )
+            champion_model = load_version(champion, tracking_uri=tracking_uri, device=device)
             horizon = min(horizon, champion_model.max_horizon)
         except (ModelNotFoundError, ValueError, OSError) as exc:
             champion_problem = f"champion version {champion.version} cannot be loaded: {exc}"

@@ -19,8 +19,9 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 from mlflow.exceptions import MlflowException
-from mlflow.models import infer_signature
+from mlflow.models import ModelSignature, infer_signature
 from mlflow.tracking import MlflowClient
+from mlflow.types.schema import AnyType, ColSpec, Schema
 
 import forecaster as forecaster_package
 from forecaster import Forecaster
@@ -91,10 +92,18 @@ def log_model(
     """Log ``forecaster`` as a pyfunc model of run ``run_id``."""
     output = forecaster.predict(example)
     output["unique_id"] = output["unique_id"].astype(object)
-    signature = infer_signature(
+    inferred = infer_signature(
         example,
         output,
         params={"horizon": forecaster.max_horizon, "quantiles": list(forecaster.quantiles)},
+    )
+    # The input columns are named but left untyped: MLflow's strict casts would reject ids
+    # read as integers, timestamps sent as strings (all of JSON) or integer targets, which
+    # the Forecaster's own validation accepts or rejects with a message naming the series.
+    signature = ModelSignature(
+        inputs=Schema([ColSpec(AnyType(), str(column)) for column in example.columns]),
+        outputs=inferred.outputs,
+        params=inferred.params,
     )
     active = mlflow.active_run()
     with tempfile.TemporaryDirectory() as tmp, tracking.tracking_uri_set(tracking_uri):

@@ -193,12 +193,25 @@ def _forecaster_artifact_path(source: str, staging: Path, tracking_uri: str) -> 
     return str(entry["path"])
 
 
+def load_version(
+    ref: ModelRef, *, tracking_uri: str | None = None, device: str | None = None
+) -> Forecaster:
+    """Download ``ref``'s artifacts to a temporary directory and load them on ``device``.
+
+    ``Forecaster.load`` reads every file into memory, so the directory is removed after.
+    """
+    from forecaster import Forecaster
+
+    with tempfile.TemporaryDirectory(prefix="forecaster-") as tmp:
+        path = download_forecaster(ref, Path(tmp) / "model", tracking_uri=tracking_uri)
+        return Forecaster.load(path, device=device)
+
+
 def load_forecaster(
     model_uri: str, *, tracking_uri: str | None = None, device: str | None = None
 ) -> LoadedModel:
     """Resolve ``model_uri``, download its artifacts and load the Forecaster on ``device``."""
-    from forecaster import Forecaster
-
     ref = resolve_model(model_uri, tracking_uri=tracking_uri)
-    path = download_forecaster(ref, tracking_uri=tracking_uri)
-    return LoadedModel(forecaster=Forecaster.load(path, device=device), ref=ref)
+    return LoadedModel(
+        forecaster=load_version(ref, tracking_uri=tracking_uri, device=device), ref=ref
+    )

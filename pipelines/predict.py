@@ -1,0 +1,291 @@
+"""Predict: offline batch scoring of a file with a registered (or saved) model.
+
+The input is streamed: a long Parquet file is read by record batches and a long CSV in
+chunks; completed series are forecast ``chunk_series`` at a time (one batched ``predict``
+call each) and appended to the output, so memory stays flat however many rows the file
+has. Rows of a series must be contiguous (a file sorted by ``unique_id``, or written series
+by series); a wide file (a time column plus one column per variable) is read whole, as such
+files hold few variables.
+
+For a model with known-future covariates, each series' future rows follow its history with
+``y`` empty and the covariates filled, as for the pyfunc model.
+
+The output (CSV or Parquet, by suffix) is written to a temporary file beside it and moved
+into place at the end: a failed run leaves no half-written output.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from forecaster import Forecaster
+from forecaster.data import load_frame
+from forecaster.errors import EmptyDataError, ForecasterInputError, MissingColumnsError
+from forecaster.validation import ID, TARGET, TIME
+from pipelines.registry import ModelRef, load_forecaster
+
+logger = logging.getLogger(__name__)
+
+_CSV = (".csv", ".csv.gz")
+_PARQUET = (".parquet", ".pq")
+ROWS_PER_READ = 200_000
+
+
+@dataclass(frozen=True)
+class PredictSummary:
+    """What a batch scoring run read and wrote."""
+
+    model: ModelRef | None  # None for a model loaded from a local directory
+    output: Path
+    n_series: int
+    n_input_rows: int
+    n_output_rows: int
+    seconds: float
+
+
+def load_model(
+    model: str, *, tracking_uri: str | None = None, device: str | None = None
+) -> tuple[Forecaster, ModelRef | None]:
+    """A model URI (``models:/NAME@alias``, ``models:/NAME/VERSION``) or a saved directory."""
+    if not model.startswith("models:/") and (Path(model) / "config.json").is_file():
+        return Forecaster.load(model, device=device), None
+    loaded = load_forecaster(model, tracking_uri=tracking_uri, device=device)
+    return loaded.forecaster, loaded.ref
+
+
+def _kind(path: Path, role: str) -> str:
+    name = path.name.lower()
+    if name.endswith(_CSV):
+        return "csv"
+    if name.endswith(_PARQUET):
+        return "parquet"
+    raise ForecasterInputError(
+        f"{role} {path}: unknown file type; expected a name ending in one of "
+        f"{list(_CSV + _PARQUET)}",
+        field=role,
+    )
+
+
+def _columns(path: Path, kind: str) -> list[str]:
+    if kind == "parquet":
+        return list(pq.ParquetFile(path).schema_arrow.names)
+    try:
+        return list(pd.read_csv(path, nrows=0).columns)
+    except pd.errors.EmptyDataError:
+        raise EmptyDataError(f"input {path}: file is empty", field="input") from None
+
+
+def read_chunks(
+    path: Path, columns: Sequence[str], rows: int = ROWS_PER_READ
+) -> tuple[Iterator[pd.DataFrame], int | None]:
+    """Chunks of a long file's ``columns`` and the total row count when the format knows it."""
+    kind = _kind(path, "input")
+    if kind == "parquet":
+        file = pq.ParquetFile(path)
+
+        def parquet_chunks() -> Iterator[pd.DataFrame]:
+            for batch in file.iter_batches(batch_size=rows, columns=list(columns)):
+                yield batch.to_pandas()
+
+        return parquet_chunks(), file.metadata.num_rows
+    reader = pd.read_csv(path, usecols=list(columns), dtype={ID: "str"}, chunksize=rows)
+    return iter(reader), None
+
+
+def series_batches(chunks: Iterator[pd.DataFrame], chunk_series: int) -> Iterator[pd.DataFrame]:
+    """Regroup row chunks into frames of ``chunk_series`` complete series each.
+
+    The last series of a chunk may continue in the next one, so it is held back until a
+    different id follows. A series id that reappears after other series is an error.
+    """
+    pending: list[pd.DataFrame] = []  # rows of complete series not yet handed out
+    n_pending = 0
+    tail: pd.DataFrame | None = None  # rows of the series that may continue
+    finished: set[str] = set()
+    for chunk in chunks:
+        if len(chunk) == 0:
+            continue
+        chunk = chunk.reset_index(drop=True)
+        chunk[ID] = chunk[ID].astype("str")
+        frame = chunk if tail is None else pd.concat([tail, chunk], ignore_index=True)
+        ids = frame[ID].to_numpy()
+        last_id = ids[-1]
+        # The held-back series ends where the first row of another id begins.
+        is_last = ids == last_id
+        boundary = len(ids) - int(np.argmax(~is_last[::-1])) if (~is_last).any() else 0
+        complete, tail = frame.iloc[:boundary], frame.iloc[boundary:]
+        if len(complete):
+            starts = np.flatnonzero(
+                np.r_[True, complete[ID].to_numpy()[1:] != complete[ID].to_numpy()[:-1]]
+            )
+            new_ids = complete[ID].to_numpy()[starts]
+            _check_contiguous(new_ids, finished)
+            finished.update(new_ids)
+            pending.append(complete)
+            n_pending += len(new_ids)
+            if n_pending >= chunk_series:
+                yield from _emit(pd.concat(pending, ignore_index=True), chunk_series)
+                pending, n_pending = [], 0
+    if tail is not None and len(tail):
+        _check_contiguous(tail[ID].to_numpy()[:1], finished)
+        pending.append(tail)
+    if pending:
+        yield from _emit(pd.concat(pending, ignore_index=True), chunk_series)
+
+
+def _check_contiguous(new_ids: np.ndarray, finished: set[str]) -> None:
+    """Raise when a series starts again after it ended (ids in ``new_ids`` are run starts)."""
+    again = [sid for sid in new_ids if sid in finished]
+    again += list(pd.Series(new_ids)[pd.Series(new_ids).duplicated()])
+    if again:
+        raise ForecasterInputError(
+            f"series {again[0]!r}: its rows are not contiguous in the input; batch scoring "
+            f"streams series by series, so sort the file by {ID}, {TIME} first",
+            series_id=str(again[0]),
+            field=ID,
+        )
+
+
+def _emit(frame: pd.DataFrame, chunk_series: int) -> Iterator[pd.DataFrame]:
+    ids = frame[ID].to_numpy()
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    bounds = [*starts[::chunk_series], len(frame)]
+    for begin, end in zip(bounds[:-1], bounds[1:], strict=True):
+        yield frame.iloc[begin:end].reset_index(drop=True)
+
+
+class _Writer:
+    """Appends forecast frames to a CSV or Parquet file written under a temporary name."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.kind = _kind(path, "output")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+        self._parquet: pq.ParquetWriter | None = None
+        self._csv_header = True
+        self.rows = 0
+
+    def write(self, frame: pd.DataFrame) -> None:
+        frame = frame.assign(**{ID: frame[ID].astype(object)})
+        if self.kind == "csv":
+            frame.to_csv(
+                self.partial,
+                mode="w" if self._csv_header else "a",
+                header=self._csv_header,
+                index=False,
+            )
+            self._csv_header = False
+        else:
+            table = pa.Table.from_pandas(frame, preserve_index=False)
+            if self._parquet is None:
+                self._parquet = pq.ParquetWriter(self.partial, table.schema)
+            self._parquet.write_table(table.cast(self._parquet.schema))
+        self.rows += len(frame)
+
+    def commit(self) -> None:
+        if self._parquet is not None:
+            self._parquet.close()
+        if self.rows == 0:
+            raise EmptyDataError("no forecasts were produced: the input holds no series")
+        os.replace(self.partial, self.path)
+
+    def abort(self) -> None:
+        if self._parquet is not None:
+            self._parquet.close()
+        self.partial.unlink(missing_ok=True)
+
+
+def predict_file(
+    model: str | Forecaster,
+    input_path: str | Path,
+    output_path: str | Path,
+    *,
+    horizon: int | None = None,
+    quantiles: Sequence[float] | None = None,
+    chunk_series: int = 2048,
+    tracking_uri: str | None = None,
+    device: str | None = None,
+    time_column: str | None = None,
+    progress: bool = True,
+) -> PredictSummary:
+    """Forecast every series of ``input_path`` and write the forecasts to ``output_path``.
+
+    Raises:
+        ForecasterInputError: bad input (missing columns, NaN, too-short series, ...), naming
+            the series; nothing is written then.
+        ModelNotFoundError: the model URI resolves to nothing.
+    """
+    started = time.perf_counter()
+    input_path, output_path = Path(input_path), Path(output_path)
+    if not input_path.is_file():
+        raise ForecasterInputError(f"input {input_path}: no such file", field="input")
+    writer = _Writer(output_path)  # checks the output suffix before any work
+    kind = _kind(input_path, "input")
+    if isinstance(model, Forecaster):
+        forecaster, ref = model, None
+    else:
+        forecaster, ref = load_model(model, tracking_uri=tracking_uri, device=device)
+    covariates = list(forecaster.model_config.covariates)
+
+    columns = _columns(input_path, kind)
+    if {ID, TIME, TARGET} <= set(columns):
+        missing = [c for c in covariates if c not in columns]
+        if missing:
+            raise MissingColumnsError(
+                f"input {input_path}: missing covariate columns {missing} the model needs; "
+                f"present columns: {columns}",
+                field=missing[0],
+            )
+        chunks, total = read_chunks(input_path, [ID, TIME, TARGET, *covariates])
+    else:  # wide: one series per variable, read whole
+        frame = load_frame(input_path, time_column=time_column)
+        chunks, total = iter([frame]), len(frame)
+
+    n_series = n_rows = 0
+    bar = tqdm(
+        total=total, unit="rows", desc="forecasting", disable=not progress, dynamic_ncols=True
+    )
+    try:
+        for batch in series_batches(chunks, chunk_series):
+            history, future = batch, None
+            if covariates:
+                is_future = pd.to_numeric(batch[TARGET], errors="coerce").isna().to_numpy()
+                history = batch[~is_future].reset_index(drop=True)
+                future = batch[is_future].reset_index(drop=True)
+            forecast = forecaster.predict(
+                history, horizon=horizon, quantiles=quantiles, future_df=future
+            )
+            writer.write(forecast)
+            n_series += int(batch[ID].nunique())
+            n_rows += len(batch)
+            bar.update(len(batch))
+            bar.set_postfix(series=n_series)
+        writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        bar.close()
+    summary = PredictSummary(
+        ref, output_path, n_series, n_rows, writer.rows, time.perf_counter() - started
+    )
+    logger.info(
+        "wrote %d forecast rows for %d series to %s in %.1fs",
+        summary.n_output_rows,
+        n_series,
+        output_path,
+        summary.seconds,
+    )
+    return summary

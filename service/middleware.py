@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.batcher import MicroBatcher
@@ -12,11 +13,12 @@ UPLOAD_PATHS = ("/v1/batch-jobs",)
 BATCHED_PATHS = ("/v1/forecast", "/invocations")
 
 
-class BodyTooLarge(Exception):
-    def __init__(self, limit: int, what: str):
-        super().__init__(f"{what} exceeds the limit of {limit} bytes")
-        self.limit = limit
-        self.what = what
+class BodyTooLarge(HTTPException):
+    """Raised from `receive` once a streamed body passes the limit. An HTTPException, so the
+    app's handler answers 413 even where FastAPI wraps errors raised while reading a body."""
+
+    def __init__(self, limit: int, what: str, setting: str):
+        super().__init__(413, f"{what} exceeds the limit of {limit} bytes (setting {setting})")
 
 
 class BodyLimitMiddleware:
@@ -54,7 +56,7 @@ class BodyLimitMiddleware:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise BodyTooLarge(limit, what)
+                    raise BodyTooLarge(limit, what, setting)
             return message
 
         async def tracking_send(message: Message) -> None:

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 ENV_PREFIX = "FORECASTER_SERVICE_"
@@ -21,7 +21,11 @@ class ServiceSettings(BaseSettings):
     """Deployment settings of the forecasting service."""
 
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_file=".env", extra="ignore", validate_default=True
+        env_prefix=ENV_PREFIX,
+        env_file=".env",
+        extra="ignore",
+        validate_default=True,
+        populate_by_name=True,
     )
 
     # Where uvicorn listens; `forecaster serve --host/--port/--workers` override these.
@@ -35,7 +39,10 @@ class ServiceSettings(BaseSettings):
     # MLflow tracking/registry URI; None means MLflow's own resolution (MLFLOW_TRACKING_URI).
     tracking_uri: str | None = None
     # torch device for inference ("cpu", "cuda", "cuda:1"); None picks cuda when present.
-    device: str | None = None
+    # FORECASTER_DEVICE is read too: the registered pyfunc model honours the same variable.
+    device: str | None = Field(
+        None, validation_alias=AliasChoices(f"{ENV_PREFIX}DEVICE", "FORECASTER_DEVICE", "device")
+    )
     # Seconds between checks of the registry alias for a new version.
     poll_interval_s: float = Field(30.0, gt=0)
 

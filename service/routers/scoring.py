@@ -172,22 +172,40 @@ async def invocations(
     horizon = resolve_horizon(served, _horizon_param(params.get("horizon")))
     quantiles = resolve_quantiles(served, _quantiles_param(params.get("quantiles")))
     # The number of series is known after parsing; count the request as one until then.
+    covariates = served.forecaster.model_config.covariates
     item = OnlineItem(
         model=served,
         horizon=horizon,
         quantiles=quantiles,
         n_series=0,
-        build=lambda: (_counted(item, _parse(data, mime)), None),
+        build=lambda: _counted(item, split_future_rows(_parse(data, mime), covariates)),
         render=_render_mlflow,
     )
     content = await run_online(request, batcher, item, settings.request_timeout_s)
     return Response(content, media_type="application/json")
 
 
-def _counted(item: OnlineItem, frame: pd.DataFrame) -> pd.DataFrame:
-    if "unique_id" in frame.columns:
-        item.n_series = int(frame["unique_id"].astype("str").nunique())
-    return frame
+def split_future_rows(
+    frame: pd.DataFrame, covariates: tuple[str, ...]
+) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """History and future covariates of an MLflow input frame, as the registered pyfunc model
+    (pipelines/pyfunc_model.py) reads them: for a model with covariates, rows whose `y` is
+    empty are each series' known future."""
+    if not covariates or "y" not in frame.columns:
+        return frame, None
+    is_future = pd.to_numeric(frame["y"], errors="coerce").isna().to_numpy()
+    if not is_future.any():
+        return frame, None
+    return frame[~is_future].reset_index(drop=True), frame[is_future].reset_index(drop=True)
+
+
+def _counted(
+    item: OnlineItem, frames: tuple[pd.DataFrame, pd.DataFrame | None]
+) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    history = frames[0]
+    if "unique_id" in history.columns:
+        item.n_series = int(history["unique_id"].astype("str").nunique())
+    return frames
 
 
 @router.get("/ping", summary="MLflow health check: 200 when a model is loaded")

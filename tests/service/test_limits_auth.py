@@ -1,0 +1,138 @@
+"""API keys, configured limits (each a clear 4xx) and the request timeout (504)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+API_KEY = "test-key-0123456789abcdef"
+
+
+def test_keys_required_on_every_route_when_configured(make_client, payload):
+    client = make_client(api_keys=API_KEY)
+    body = {"series": [payload("series_000")]}
+    for method, path, kwargs in [
+        ("post", "/v1/forecast", {"json": body}),
+        ("get", "/v1/models", {}),
+        ("get", "/v1/batch-jobs", {}),
+        ("post", "/invocations", {"json": {"dataframe_records": []}}),
+        ("get", "/metrics", {}),
+        ("get", "/readyz", {}),
+    ]:
+        response = getattr(client, method)(path, **kwargs)
+        assert response.status_code == 401, (path, response.text)
+        assert "API key" in response.json().get("detail", response.text)
+    wrong = client.post("/v1/forecast", json=body, headers={"X-API-Key": "x" * 24})
+    assert wrong.status_code == 401 and "invalid" in wrong.json()["detail"]
+    ok = client.post("/v1/forecast", json=body, headers={"X-API-Key": API_KEY})
+    assert ok.status_code == 200
+    bearer = client.post("/v1/forecast", json=body, headers={"Authorization": f"Bearer {API_KEY}"})
+    assert bearer.status_code == 200
+
+
+def test_reload_always_needs_a_key(make_client):
+    open_client = make_client()
+    response = open_client.post("/v1/models/reload")
+    assert response.status_code == 403
+    assert "API_KEYS" in response.json()["detail"]
+    keyed = make_client(api_keys=f"{API_KEY},another-key-abcdefghijkl")
+    assert keyed.post("/v1/models/reload").status_code == 401
+    response = keyed.post("/v1/models/reload", headers={"X-API-Key": "another-key-abcdefghijkl"})
+    assert response.status_code == 200, response.text
+    assert response.json()["outcome"] == "unchanged"
+
+
+def test_body_size_limit(make_client, payload):
+    client = make_client(max_body_bytes=2048)
+    response = client.post("/v1/forecast", json={"series": [payload("series_000", 96)]})
+    assert response.status_code == 413
+    assert "max_body_bytes" in response.json()["detail"]
+
+
+def test_streamed_body_over_the_limit(make_client):
+    client = make_client(max_body_bytes=2048)
+
+    def chunks():
+        for _ in range(10):
+            yield b" " * 1024
+
+    response = client.post(
+        "/v1/forecast", content=chunks(), headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 413
+    assert "max_body_bytes" in response.json()["detail"]
+
+
+def test_upload_size_limit(make_client, history):
+    client = make_client(max_upload_bytes=4096)
+    response = client.post(
+        "/v1/batch-jobs",
+        content=history.to_csv(index=False).encode(),
+        headers={"content-type": "text/csv"},
+    )
+    assert response.status_code == 413
+    assert "max_upload_bytes" in response.json()["detail"]
+
+
+def test_series_and_history_limits(make_client, payload):
+    client = make_client(max_series_per_request=2, max_history_length=60)
+    three = {"series": [payload(f"series_00{i}") for i in range(3)]}
+    response = client.post("/v1/forecast", json=three)
+    assert response.status_code == 422
+    assert response.json()["field"] == "series"
+    assert "max_series_per_request" in response.json()["detail"]
+    long = {"series": [payload("series_000"), payload("series_001", 90)]}
+    response = client.post("/v1/forecast", json=long)
+    assert response.status_code == 422
+    assert response.json()["field"] == "series[1].values"
+    assert response.json()["series_id"] == "series_001"
+
+
+def test_timeout_is_504(make_client, payload, monkeypatch):
+    client = make_client(request_timeout_s=0.2)
+    batcher = client.app.state.batcher
+    original = batcher.process
+
+    def slow(items):
+        time.sleep(0.6)
+        return original(items)
+
+    monkeypatch.setattr(batcher, "process", slow)
+    response = client.post("/v1/forecast", json={"series": [payload("series_000")]})
+    assert response.status_code == 504
+    assert "request_timeout_s" in response.json()["detail"]
+    monkeypatch.setattr(batcher, "process", original)
+    time.sleep(0.5)  # the slow batch finishes; its result is dropped
+    assert client.post("/v1/forecast", json={"series": [payload("series_000")]}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "needle"),
+    [
+        ("port", 70000, "less than or equal"),
+        ("api_keys", "short", "16 characters"),
+        ("model_uri", "forecaster@champion", "models:/NAME@alias"),
+        ("device", "quantum", "torch device"),
+        ("max_batch_size", 0, "greater than or equal"),
+        ("log_level", "loud", "expected one of"),
+    ],
+)
+def test_settings_fail_fast(tmp_path, setting, value, needle):
+    from pydantic import ValidationError
+
+    from service.settings import ServiceSettings
+
+    with pytest.raises(ValidationError, match=needle):
+        ServiceSettings(data_dir=tmp_path, **{setting: value})
+
+
+def test_settings_from_environment(tmp_path, monkeypatch):
+    from service.settings import ServiceSettings
+
+    monkeypatch.setenv("FORECASTER_SERVICE_API_KEYS", f"{API_KEY}, second-key-0123456789")
+    monkeypatch.setenv("FORECASTER_SERVICE_MODEL_URI", "models:/demand@staging")
+    settings = ServiceSettings(data_dir=tmp_path)
+    assert [k.get_secret_value() for k in settings.api_keys] == [API_KEY, "second-key-0123456789"]
+    assert settings.model_label == "demand@staging"
+    assert API_KEY not in repr(settings)

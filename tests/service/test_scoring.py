@@ -1,0 +1,98 @@
+"""MLflow's scoring protocol: the same requests `mlflow models serve` takes, the same answers."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pandas as pd
+import pytest
+
+HORIZON = 12
+
+
+def _records(frame: pd.DataFrame) -> list[dict]:
+    out = frame.copy()
+    out["ds"] = out["ds"].dt.strftime("%Y-%m-%dT%H:%M:%S")
+    return out.to_dict(orient="records")
+
+
+def _check(predictions: list[dict], want: pd.DataFrame) -> None:
+    got = pd.DataFrame(predictions)
+    assert list(got.columns) == list(want.columns)
+    assert got["unique_id"].tolist() == want["unique_id"].tolist()
+    assert got["ds"].tolist() == [t.isoformat() for t in want["ds"]]
+    for column in want.columns[2:]:
+        np.testing.assert_allclose(got[column], want[column], rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture()
+def two_series(history):
+    return history[history["unique_id"].isin(["series_000", "series_003"])].reset_index(drop=True)
+
+
+def test_dataframe_split_with_params(client, two_series, fitted):
+    split = {"columns": ["unique_id", "ds", "y"], "data": _records(two_series)}
+    split["data"] = [[r["unique_id"], r["ds"], r["y"]] for r in split["data"]]
+    body = {"dataframe_split": split, "params": {"horizon": 4, "quantiles": [0.5]}}
+    response = client.post("/invocations", json=body)
+    assert response.status_code == 200, response.text
+    _check(response.json()["predictions"], fitted.predict(two_series, horizon=4, quantiles=[0.5]))
+
+
+def test_dataframe_records(client, two_series, fitted):
+    response = client.post("/invocations", json={"dataframe_records": _records(two_series)})
+    assert response.status_code == 200, response.text
+    _check(response.json()["predictions"], fitted.predict(two_series))
+
+
+def test_csv_and_parquet_bodies(client, two_series, fitted):
+    want = fitted.predict(two_series)
+    response = client.post(
+        "/invocations",
+        content=two_series.to_csv(index=False),
+        headers={"content-type": "text/csv"},
+    )
+    assert response.status_code == 200, response.text
+    _check(response.json()["predictions"], want)
+    buffer = io.BytesIO()
+    two_series.to_parquet(buffer, index=False)
+    response = client.post(
+        "/invocations",
+        content=buffer.getvalue(),
+        headers={"content-type": "application/vnd.apache.parquet"},
+    )
+    assert response.status_code == 200, response.text
+    _check(response.json()["predictions"], want)
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"dataframe_records": [{"unique_id": "a", "ds": "2024-01-01", "y": 1.0}]}, "'a'"),
+        ({"inputs_wrong": []}, "dataframe_split"),
+        ({"dataframe_records": [{"unique_id": "a"}]}, "missing required columns"),
+        ({"dataframe_records": [], "params": {"horizon": 99}}, "horizon"),
+        ({"dataframe_records": [], "params": {"quantiles": [0.3]}}, "quantiles"),
+        ({"dataframe_records": [], "params": {"horizon": "two"}}, "horizon"),
+    ],
+)
+def test_errors_in_mlflow_shape(client, body, needle):
+    response = client.post("/invocations", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()
+    assert error["error_code"] == "BAD_REQUEST"
+    assert needle in error["message"]
+
+
+def test_unsupported_content_type(client):
+    response = client.post("/invocations", content=b"x", headers={"content-type": "text/plain"})
+    assert response.status_code == 415
+
+
+def test_ping_health_version(client):
+    assert client.get("/ping").status_code == 200
+    assert client.get("/health").status_code == 200
+    import mlflow
+
+    assert client.get("/version").text == mlflow.__version__

@@ -74,6 +74,15 @@ def ingest(
             f"{exc.message}; {requirement}", series_id=exc.series_id, field=exc.field
         ) from None
     frame = validated.frame
+    ignored = [str(c) for c in df.columns if c not in frame.columns and c != "y"]
+    if ignored:
+        logger.warning(
+            "%s: ignoring column(s) %s; only unique_id, ds, y and the configured covariates %s "
+            "are used",
+            name,
+            ignored,
+            list(covariates),
+        )
     result = IngestResult(
         frame=frame,
         freq=validated.freq,

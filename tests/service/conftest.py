@@ -80,13 +80,18 @@ def payload(history: pd.DataFrame) -> Callable[..., dict]:
 def make_client(
     tmp_path: Path, fitted: Forecaster, identity: ModelIdentity
 ) -> Iterator[Callable[..., TestClient]]:
-    """Build a running app (lifespan entered) serving the tiny model; settings overridable."""
+    """Build a running app (lifespan entered); settings overridable. It serves the tiny model,
+    or follows the real registry of the settings with source="registry"."""
     clients: list[TestClient] = []
 
     def make(source=None, **overrides) -> TestClient:
         values = {"data_dir": tmp_path / "data", "poll_interval_s": 3600, **overrides}
         settings = ServiceSettings(**values)
-        app = create_app(settings, model_source=source or StaticSource(fitted, identity))
+        if source is None:
+            source = StaticSource(fitted, identity)
+        elif source == "registry":
+            source = None
+        app = create_app(settings, model_source=source)
         client = TestClient(app, raise_server_exceptions=False)
         client.__enter__()
         clients.append(client)
@@ -100,3 +105,60 @@ def make_client(
 @pytest.fixture()
 def client(make_client: Callable[..., TestClient]) -> TestClient:
     return make_client()
+
+
+def register_version(
+    tracking_uri: str,
+    forecaster: Forecaster,
+    frame: pd.DataFrame,
+    *,
+    artifacts: Path,
+    alias: str | None = "champion",
+    name: str = "forecaster",
+) -> str:
+    """Register `forecaster` with the pipelines' register step; point `alias` at it."""
+    from pipelines import tracking
+    from pipelines.register import input_example, register
+
+    experiment = tracking.ensure_experiment(
+        "service-tests", tracking_uri=tracking_uri, artifact_location=str(artifacts)
+    )
+    mlflow_client = tracking.client(tracking_uri)
+    run = mlflow_client.create_run(experiment)
+    # MLflow 3's registry looks the logged model up through the global tracking URI.
+    with tracking.tracking_uri_set(tracking_uri):
+        ref = register(
+            forecaster,
+            input_example(forecaster, frame),
+            client=mlflow_client,
+            run_id=run.info.run_id,
+            model_name=name,
+            tags={"purpose": "service tests"},
+        )
+    mlflow_client.set_terminated(run.info.run_id)
+    if alias:
+        mlflow_client.set_registered_model_alias(name, alias, ref.version)
+    return ref.version
+
+
+class Registry:
+    """An empty SQLite-backed MLflow registry in a temporary directory."""
+
+    def __init__(self, root: Path):
+        self.tracking_uri = f"sqlite:///{root / 'mlflow.db'}"
+        self.artifacts = root / "mlartifacts"
+
+    def register(self, forecaster: Forecaster, frame: pd.DataFrame, alias: str | None = "champion"):
+        return register_version(
+            self.tracking_uri, forecaster, frame, artifacts=self.artifacts, alias=alias
+        )
+
+    def move_alias(self, version: str, alias: str = "champion", name: str = "forecaster"):
+        from pipelines import tracking
+
+        tracking.client(self.tracking_uri).set_registered_model_alias(name, alias, version)
+
+
+@pytest.fixture()
+def registry(tmp_path: Path) -> Registry:
+    return Registry(tmp_path)

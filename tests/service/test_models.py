@@ -1,0 +1,108 @@
+"""Which model is served: a real SQLite-backed registry, the alias followed, bad versions refused."""
+
+from __future__ import annotations
+
+import time
+
+from forecaster import Forecaster
+from service.model_manager import ModelIdentity
+
+API_KEY = "test-key-0123456789abcdef"
+KEY = {"X-API-Key": API_KEY}
+
+
+def _wait(predicate, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_no_model_then_champion_appears_then_alias_moves(
+    make_client, registry, fitted, training_frame, payload
+):
+    client = make_client(source="registry", tracking_uri=registry.tracking_uri, api_keys=API_KEY)
+    ready = client.get("/readyz", headers=KEY)
+    assert ready.status_code == 503
+    assert "forecaster@champion" in ready.json()["detail"]
+    response = client.post("/v1/forecast", json={"series": [payload("series_000")]}, headers=KEY)
+    assert response.status_code == 503
+    assert "forecaster@champion" in response.json()["detail"]
+    assert response.headers["retry-after"]
+    assert client.get("/ping", headers=KEY).status_code == 404
+    models = client.get("/v1/models", headers=KEY).json()
+    assert models["ready"] is False and "not found" in models["last_check_error"]
+
+    v1 = registry.register(fitted, training_frame)
+    reload = client.post("/v1/models/reload", headers=KEY)
+    assert reload.status_code == 200, reload.text
+    assert reload.json()["outcome"] == "loaded"
+    assert client.get("/readyz", headers=KEY).status_code == 200
+    out = client.post("/v1/forecast", json={"series": [payload("series_000")]}, headers=KEY)
+    assert out.status_code == 200
+    assert out.json()["model"]["version"] == v1
+    loaded = client.get("/v1/models", headers=KEY).json()["loaded"]
+    assert loaded["version"] == v1 and loaded["alias"] == "champion"
+    assert loaded["run_id"] and loaded["context_length"] == fitted.model_config.context_length
+
+    # A second version registered as challenger changes nothing until champion moves to it.
+    v2 = registry.register(fitted, training_frame, alias="challenger")
+    assert client.post("/v1/models/reload", headers=KEY).json()["outcome"] == "unchanged"
+    registry.move_alias(v2)
+    assert client.post("/v1/models/reload", headers=KEY).json()["outcome"] == "loaded"
+    out = client.post("/v1/forecast", json={"series": [payload("series_000")]}, headers=KEY)
+    assert out.json()["model"]["version"] == v2
+    metrics = client.get("/metrics", headers=KEY).text
+    assert f"forecaster_model_version {float(v2)}" in metrics
+
+
+class Versions:
+    """A model source whose alias the test moves; version '2' cannot forecast."""
+
+    label = "forecaster@champion"
+    uri = "models:/forecaster@champion"
+
+    def __init__(self, good: Forecaster):
+        self.version = "1"
+        self.models = {"1": good, "2": Forecaster(good.model_config, good.train_config)}
+
+    def resolve(self) -> ModelIdentity:
+        return ModelIdentity(name="forecaster", version=self.version, alias="champion")
+
+    def load(self, identity: ModelIdentity) -> Forecaster:
+        return self.models[identity.version]
+
+
+def test_a_version_that_cannot_forecast_is_refused_and_the_current_keeps_serving(
+    make_client, fitted, payload, caplog
+):
+    source = Versions(fitted)
+    client = make_client(source=source, poll_interval_s=0.2)
+    assert client.get("/v1/models").json()["loaded"]["version"] == "1"
+    source.version = "2"  # the alias moves to a broken version
+    assert _wait(lambda: client.get("/v1/models").json()["refused"])
+    state = client.get("/v1/models").json()
+    assert state["loaded"]["version"] == "1"
+    assert state["refused"][0]["version"] == "2"
+    assert "not fitted" in state["refused"][0]["error"]
+    assert any("refused forecaster version 2" in r.getMessage() for r in caplog.records)
+    out = client.post("/v1/forecast", json={"series": [payload("series_000")]})
+    assert out.status_code == 200 and out.json()["model"]["version"] == "1"
+    assert 'forecaster_model_loads_total{outcome="refused"} 1.0' in client.get("/metrics").text
+
+
+def test_registry_unreachable_after_startup_keeps_serving(make_client, fitted, payload):
+    source = Versions(fitted)
+    client = make_client(source=source, poll_interval_s=0.2)
+
+    def unreachable() -> ModelIdentity:
+        raise ConnectionError("MLflow tracking server at http://127.0.0.1:9 is unreachable")
+
+    source.resolve = unreachable
+    assert _wait(lambda: client.get("/v1/models").json()["last_check_error"])
+    assert "unreachable" in client.get("/v1/models").json()["last_check_error"]
+    assert client.get("/readyz").status_code == 200
+    out = client.post("/v1/forecast", json={"series": [payload("series_000")]})
+    assert out.status_code == 200

@@ -1,0 +1,151 @@
+"""Bad input files: a clear one-line error naming the problem, a FAILED run, nothing registered."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from pipeline_helpers import TINY_MODEL, client_for, config_file, synthetic
+
+from pipelines.cli import main
+from pipelines.ingest import ingest
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad-input-store")
+    return root, config_file(root)
+
+
+def _write(df: pd.DataFrame, path) -> str:
+    df.to_csv(path, index=False)
+    return str(path)
+
+
+def _good() -> pd.DataFrame:
+    return synthetic()
+
+
+def _missing_column(tmp_path):
+    return _write(
+        _good().drop(columns="y"), tmp_path / "d.csv"
+    ), "present columns: ['unique_id', 'ds']"
+
+
+def _text_in_y(tmp_path):
+    df = _good()
+    df["y"] = df["y"].astype(object)
+    df.loc[30, "y"] = "n/a"
+    return _write(df, tmp_path / "d.csv"), "series_000"
+
+
+def _numbers_as_ds(tmp_path):
+    df = _good()
+    df["ds"] = np.arange(len(df))
+    return _write(df, tmp_path / "d.csv"), "ds holds numbers"
+
+
+def _nan(tmp_path):
+    df = _good()
+    df.loc[df.index[300], "y"] = np.nan
+    return _write(df, tmp_path / "d.csv"), "series_001"
+
+
+def _duplicates(tmp_path):
+    df = _good()
+    df = pd.concat([df, df.iloc[[5]]]).sort_values(["unique_id", "ds"], kind="stable")
+    return _write(df, tmp_path / "d.csv"), "series_000"
+
+
+def _too_short(tmp_path):
+    df = _good()
+    df = df[~((df["unique_id"] == "series_002") & (df.groupby("unique_id").cumcount() >= 100))]
+    return _write(df, tmp_path / "d.csv"), "series_002"
+
+
+def _empty_file(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text("")
+    return str(path), "empty"
+
+
+def _header_only(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text("unique_id,ds,y\n")
+    return str(path), "no rows"
+
+
+def _missing_file(tmp_path):
+    return str(tmp_path / "nope.parquet"), "no such file"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        _missing_column,
+        _text_in_y,
+        _numbers_as_ds,
+        _nan,
+        _duplicates,
+        _too_short,
+        _empty_file,
+        _header_only,
+        _missing_file,
+    ],
+)
+def test_retrain_rejects_bad_data_with_one_clear_line(case, store, tmp_path, capsys):
+    root, cfg = store
+    path, expected = case(tmp_path)
+    assert main(["retrain", "--config", str(cfg), "--data", path]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    assert expected in err[0]
+    assert "Traceback" not in err[0]
+    client = client_for(root)
+    assert client.search_model_versions("name='forecaster'") == []
+
+
+def test_too_short_names_the_configured_lengths(store, tmp_path, capsys):
+    root, cfg = store
+    path, _ = _too_short(tmp_path)
+    main(["retrain", "--config", str(cfg), "--data", path])
+    err = capsys.readouterr().err
+    assert f"context_length={TINY_MODEL['context_length']}" in err
+    assert f"prediction_length={TINY_MODEL['prediction_length']}" in err
+
+
+def test_a_failed_run_is_recorded_as_failed_with_its_error(store, tmp_path):
+    root, cfg = store
+    path, _ = _nan(tmp_path)
+    main(["retrain", "--config", str(cfg), "--data", path])
+    client = client_for(root)
+    experiment = client.get_experiment_by_name("forecaster")
+    runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time DESC"])
+    assert runs[0].info.status == "FAILED"
+    assert "MissingValuesError" in runs[0].data.tags["error"]
+
+
+def test_extra_columns_are_ignored_and_do_not_change_the_data(caplog):
+    df = _good()
+    with_extra = df.assign(comment="x", sensor_temp=1.5)
+    plain = ingest(df)
+    extra = ingest(with_extra)
+    assert extra.fingerprint == plain.fingerprint
+    assert list(extra.frame.columns) == ["unique_id", "ds", "y"]
+    assert "comment" in caplog.text and "sensor_temp" in caplog.text
+
+
+def test_wide_files_become_one_series_per_column(tmp_path):
+    df = _good()
+    wide = df.pivot(index="ds", columns="unique_id", values="y").reset_index()
+    wide = wide.rename(columns={"ds": "date"})
+    wide.to_parquet(tmp_path / "wide.parquet")
+    result = ingest(tmp_path / "wide.parquet")
+    assert result.n_series == df["unique_id"].nunique()
+    assert result.freq == "h"
+
+
+def test_missing_data_source_is_named(store, capsys):
+    _, cfg = store
+    assert main(["retrain", "--config", str(cfg)]) == 2
+    assert "--data" in capsys.readouterr().err

@@ -1,0 +1,81 @@
+"""PipelineSettings: sources, precedence, defaults and fail-fast validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from forecaster.errors import InvalidConfigError
+from pipelines import tracking
+from pipelines.settings import PipelineSettings
+
+
+def test_defaults_are_the_embedded_sqlite_store(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    settings = PipelineSettings.load()
+    assert settings.resolved_tracking_uri == "sqlite:///mlflow.db"
+    assert settings.model_name == "forecaster"
+    assert settings.champion_uri == "models:/forecaster@champion"
+    assert settings.model_config_obj().prediction_length == settings.horizon
+
+
+def test_new_local_experiments_keep_artifacts_in_mlartifacts(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    experiment_id = tracking.ensure_experiment("exp", tracking_uri="sqlite:///mlflow.db")
+    location = tracking.client("sqlite:///mlflow.db").get_experiment(experiment_id)
+    assert location.artifact_location == (tmp_path / "mlartifacts").as_uri()
+    # Asking again returns the same experiment.
+    assert tracking.ensure_experiment("exp", tracking_uri="sqlite:///mlflow.db") == experiment_id
+
+
+def test_mlflow_tracking_uri_is_honoured_and_the_setting_wins(monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
+    assert PipelineSettings.load().resolved_tracking_uri == "http://127.0.0.1:5999"
+    monkeypatch.setenv("FORECASTER_TRACKING_URI", "sqlite:///other.db")
+    assert PipelineSettings.load().resolved_tracking_uri == "sqlite:///other.db"
+
+
+def test_precedence_cli_over_env_over_dotenv_over_yaml(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cfg.yaml").write_text(
+        "experiment: from-yaml\nmodel_name: yaml-model\npromotion_margin: 0.1\n"
+        "model:\n  context_length: 48\n  prediction_length: 12\n"
+    )
+    (tmp_path / ".env").write_text("FORECASTER_MODEL_NAME=dotenv-model\nFORECASTER_PORT=9\n")
+    monkeypatch.setenv("FORECASTER_PROMOTION_MARGIN", "0.2")
+    monkeypatch.setenv("FORECASTER_MODEL__D_MODEL", "16")
+    settings = PipelineSettings.load(tmp_path / "cfg.yaml", experiment="from-cli")
+    assert settings.experiment == "from-cli"
+    assert settings.promotion_margin == 0.2
+    assert settings.model_name == "dotenv-model"
+    config = settings.model_config_obj()
+    # Nested overrides from YAML and the environment merge; strings are coerced.
+    assert (config.context_length, config.prediction_length, config.d_model) == (48, 12, 16)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"schedule": "every night"}, "schedule"),
+        ({"model": {"context_lenght": 48}}, "context_lenght"),
+        ({"model": {"context_length": 0}}, "context_length"),
+        ({"train": {"max_epochs": "many"}}, "max_epochs"),
+        ({"promotion_metric": "r2"}, "promotion_metric"),
+        ({"promotion_margin": 1.5}, "promotion_margin"),
+        ({"backtest_windows": 0}, "backtest_windows"),
+    ],
+)
+def test_invalid_settings_fail_fast_naming_the_setting(overrides, named):
+    with pytest.raises(InvalidConfigError, match=named):
+        PipelineSettings.load(**overrides)
+
+
+def test_yaml_file_problems_are_named(tmp_path):
+    with pytest.raises(InvalidConfigError, match="no such file"):
+        PipelineSettings.load(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("experimnet: typo\n")
+    with pytest.raises(InvalidConfigError, match="experimnet"):
+        PipelineSettings.load(bad)
+    bad.write_text("- a list\n")
+    with pytest.raises(InvalidConfigError, match="mapping"):
+        PipelineSettings.load(bad)

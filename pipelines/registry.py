@@ -68,6 +68,11 @@ def parse_model_uri(model_uri: str) -> tuple[str, str | None, str | None]:
         raise InvalidModelUriError(
             f"model URI: expected 'models:/NAME@alias' or 'models:/NAME/VERSION', got {model_uri!r}"
         )
+    if match["version"] is not None and not match["version"].isdigit():
+        raise InvalidModelUriError(
+            f"model URI: expected a version number after '{match['name']}/', "
+            f"got {match['version']!r} in {model_uri!r}"
+        )
     return match["name"], match["alias"], match["version"]
 
 
@@ -91,10 +96,6 @@ def resolve_model(model_uri: str, *, tracking_uri: str | None = None) -> ModelRe
             if alias:
                 model_version = mlflow_client.get_model_version_by_alias(name, alias)
             else:
-                if not str(version).isdigit():
-                    raise InvalidModelUriError(
-                        f"model URI: expected a version number after '{name}/', got {version!r}"
-                    )
                 model_version = mlflow_client.get_model_version(name, str(version))
         except MlflowException as exc:
             if _not_found(exc):

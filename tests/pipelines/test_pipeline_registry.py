@@ -1,0 +1,172 @@
+"""The registry after a retrain: versions, aliases, tags, run contents; resolve and load."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+from pipeline_helpers import client_for, config_file, synthetic
+
+from forecaster import Forecaster
+from pipelines.cli import main
+from pipelines.errors import InvalidModelUriError, ModelNotFoundError, TrackingUnavailableError
+from pipelines.registry import download_forecaster, load_forecaster, resolve_model
+
+
+def test_retrain_registers_version_1_as_challenger_and_champion(champion_store):
+    root, result = champion_store
+    client = client_for(root)
+    model = client.get_registered_model("forecaster")
+    assert {k: str(v) for k, v in model.aliases.items()} == {"challenger": "1", "champion": "1"}
+    version = client.get_model_version("forecaster", "1")
+    tags = version.tags
+    assert tags["data.fingerprint"] == result.fingerprint
+    assert tags["train.window_end"].startswith("2024-01-")
+    assert tags["code_version"].startswith(("git:", "forecaster=="))
+    assert tags["promotion.decision"] == "promoted"
+    assert "no champion yet" in tags["promotion.reason"]
+    assert version.run_id == result.run_id
+
+
+def test_the_run_holds_params_learning_curves_metrics_and_artifacts(champion_store):
+    root, result = champion_store
+    client = client_for(root)
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED"
+    params = run.data.params
+    assert params["model.context_length"] == "48"
+    assert params["train.seed"] == params["seed"] == "0"
+    assert params["device"] == "cpu"
+    assert params["data.fingerprint"] == result.fingerprint
+    for package in ("torch", "pandas", "mlflow", "python"):
+        assert params[f"version.{package}"]
+    history = client.get_metric_history(result.run_id, "train_loss")
+    assert [m.step for m in history] == list(range(1, len(history) + 1))
+    assert len(client.get_metric_history(result.run_id, "val_loss")) == len(history)
+    for metric in ("mae", "mse", "mase", "smape", "pinball", "coverage_80"):
+        assert f"backtest_{metric}" in run.data.metrics
+        assert f"baseline_{metric}" in run.data.metrics
+    artifacts = {a.path for a in client.list_artifacts(result.run_id)}
+    assert {"evaluation", "plots"} <= artifacts
+    plots = {a.path for a in client.list_artifacts(result.run_id, "plots")}
+    assert plots == {"plots/forecast.png", "plots/attention.png"}
+    local = client.download_artifacts(result.run_id, "plots/forecast.png", str(root))
+    assert Path(local).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_resolve_and_load_the_champion(champion_store, tmp_path):
+    root, result = champion_store
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    ref = resolve_model("models:/forecaster@champion", tracking_uri=uri)
+    assert (ref.name, ref.version, ref.alias, ref.run_id) == (
+        "forecaster",
+        "1",
+        "champion",
+        result.run_id,
+    )
+    assert ref.metrics["backtest_mase"] == pytest.approx(result.evaluation.model["mase"])
+    assert resolve_model("models:/forecaster/1", tracking_uri=uri).alias is None
+
+    path = download_forecaster(ref, tmp_path / "v1", tracking_uri=uri)
+    assert {p.name for p in path.iterdir()} >= {"config.json", "model.safetensors"}
+    assert json.loads((path / "config.json").read_text())["model_config"]["d_model"] == 16
+
+    loaded = load_forecaster("models:/forecaster@champion", tracking_uri=uri, device="cpu")
+    history = synthetic()
+    direct = Forecaster.load(path, device="cpu").predict(history)
+    via_registry = loaded.forecaster.predict(history)
+    np.testing.assert_array_equal(direct["mean"].to_numpy(), via_registry["mean"].to_numpy())
+    assert loaded.ref == ref
+
+
+@pytest.mark.parametrize(
+    ("uri", "named"),
+    [
+        ("models:/forecaster@staging", "forecaster@staging"),
+        ("models:/nope@champion", "nope@champion"),
+        ("models:/forecaster/99", "forecaster/99"),
+    ],
+)
+def test_unknown_model_alias_or_version(champion_store, uri, named):
+    root, _ = champion_store
+    with pytest.raises(ModelNotFoundError, match=named):
+        resolve_model(uri, tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+
+
+@pytest.mark.parametrize("uri", ["runs:/abc/model", "models:/forecaster", "models:/f/latest"])
+def test_malformed_model_uri(uri):
+    with pytest.raises(InvalidModelUriError, match="expected"):
+        resolve_model(uri, tracking_uri="sqlite:///unused.db")
+
+
+def test_cli_unknown_alias_is_one_line_and_exit_3(champion_store, tmp_path, capsys):
+    root, _ = champion_store
+    cfg = config_file(tmp_path)
+    code = main(
+        [
+            "predict",
+            "--config",
+            str(cfg),
+            "--tracking-uri",
+            f"sqlite:///{root / 'mlflow.db'}",
+            "--model",
+            "models:/forecaster@nightly",
+            "--input",
+            str(tmp_path / "in.csv"),
+            "--output",
+            str(tmp_path / "out.csv"),
+        ]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2  # the missing input file is reported before the model is looked up
+    synthetic().to_csv(tmp_path / "in.csv", index=False)
+    code = main(
+        [
+            "predict",
+            "--tracking-uri",
+            f"sqlite:///{root / 'mlflow.db'}",
+            "--model",
+            "models:/forecaster@nightly",
+            "--input",
+            str(tmp_path / "in.csv"),
+            "--output",
+            str(tmp_path / "out.csv"),
+        ]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 3
+    assert len(err) == 1 and "forecaster@nightly not found" in err[0]
+    assert not (tmp_path / "out.csv").exists()
+
+
+def test_unreachable_tracking_server_fails_fast_and_clearly():
+    started = time.monotonic()
+    with pytest.raises(TrackingUnavailableError, match="127.0.0.1:9"):
+        resolve_model("models:/forecaster@champion", tracking_uri="http://127.0.0.1:9")
+    assert time.monotonic() - started < 30
+
+
+def test_pyfunc_model_loads_without_pickles_and_forecasts(champion_store):
+    root, _ = champion_store
+    mlflow.set_tracking_uri(f"sqlite:///{root / 'mlflow.db'}")
+    try:
+        model = mlflow.pyfunc.load_model("models:/forecaster@champion")
+        local = mlflow.artifacts.download_artifacts("models:/forecaster@champion")
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert not list(Path(local).rglob("*.pkl"))
+    signature = model.metadata.signature
+    assert {p.name for p in signature.params.params} == {"horizon", "quantiles"}
+    assert [c.name for c in signature.inputs.inputs] == ["unique_id", "ds", "y"]
+    assert model.metadata.saved_input_example_info is not None
+
+    history = synthetic()
+    history["ds"] = history["ds"].dt.strftime("%Y-%m-%d %H:%M:%S")  # as JSON delivers it
+    out = model.predict(history, params={"horizon": 6, "quantiles": [0.1, 0.9]})
+    assert list(out.columns) == ["unique_id", "ds", "mean", "q0.1", "q0.9"]
+    assert len(out) == 6 * history["unique_id"].nunique()
+    assert (out["q0.1"] <= out["q0.9"]).mean() > 0.9

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
+from pipelines.cli import register_commands
 from service.settings import DEFAULT_MODEL_URI, ServiceSettings, settings_env
 
 
@@ -70,12 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="forecaster", description="Transformer time-series forecasting."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    try:
-        from pipelines.cli import register_commands
-    except ImportError:  # pipelines/cli.py lands in parallel; drop this guard once it has
-        register_commands = None
-    if register_commands is not None:
-        register_commands(sub)
+    register_commands(sub)
     _add_serve(sub)
     return parser
 

@@ -1,0 +1,78 @@
+"""Promotion rules, the decision tags, and rollback, on a copy of the champion store."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from pipeline_helpers import client_for, config_file
+
+from pipelines.cli import main
+from pipelines.errors import NoChallengerError
+from pipelines.promote import promote
+from pipelines.registry import resolve_model
+
+
+def _aliases(root):
+    model = client_for(root).get_registered_model("forecaster")
+    return {k: str(v) for k, v in model.aliases.items()}
+
+
+def test_promote_without_challenger_is_a_clear_error(tmp_path, data_csv, capsys):
+    cfg = config_file(tmp_path)
+    assert main(["promote", "--config", str(cfg), "--data", str(data_csv)]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "forecaster@challenger not found" in err[0]
+    with pytest.raises(NoChallengerError):
+        promote(
+            pd.read_csv(data_csv),
+            model_name="forecaster",
+            tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        )
+
+
+def test_promotion_rules_and_rollback(store, data_csv, capsys):
+    cfg = config_file(store)
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    # `train` registers a challenger (version 2) and leaves champion alone. Training is seeded
+    # and deterministic on CPU, so version 2 scores exactly like version 1.
+    assert main(["train", "--config", str(cfg), "--data", str(data_csv)]) == 0
+    assert _aliases(store) == {"challenger": "2", "champion": "1"}
+
+    # Equal is not better by a 10 % margin: rejected, reason recorded, champion stays.
+    args = ["promote", "--config", str(cfg), "--data", str(data_csv)]
+    assert main([*args, "--set", "promotion_margin=0.1"]) == 0
+    assert "not promoted" in capsys.readouterr().out
+    tags = client_for(store).get_model_version("forecaster", "2").tags
+    assert tags["promotion.decision"] == "rejected"
+    assert "margin 10.0%" in tags["promotion.reason"]
+    assert tags["promotion.compared_with"] == "1"
+    assert float(tags["promotion.challenger_score"]) == pytest.approx(
+        float(tags["promotion.champion_score"])
+    )
+    assert _aliases(store)["champion"] == "1"
+
+    # With no margin it ties the champion, which is enough once seasonal naive is not required.
+    assert main([*args, "--set", "require_beats_baseline=false"]) == 0
+    tags = client_for(store).get_model_version("forecaster", "2").tags
+    assert tags["promotion.decision"] == "promoted"
+    assert tags["promotion.previous_champion"] == "1"
+    assert _aliases(store) == {"challenger": "2", "champion": "2"}
+    capsys.readouterr()
+    assert main(args) == 0  # already champion: nothing to do
+    assert "already champion" in capsys.readouterr().out
+
+    # Rollback goes back to the version it replaced, and no further than the first champion.
+    rollback = ["rollback", "--config", str(cfg)]
+    assert main(rollback) == 0
+    assert "v2 -> v1" in capsys.readouterr().out
+    assert _aliases(store)["champion"] == "1"
+    assert (
+        client_for(store).get_model_version("forecaster", "2").tags["rollback.replaced_by"] == "1"
+    )
+    assert main(rollback) == 3
+    assert "first champion" in capsys.readouterr().err
+    assert main([*rollback, "--to-version", "2"]) == 0
+    assert resolve_model("models:/forecaster@champion", tracking_uri=uri).version == "2"
+    assert main([*rollback, "--to-version", "7"]) == 3
+    assert resolve_model("models:/forecaster@champion", tracking_uri=uri).version == "2"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,6 +15,15 @@ from forecaster.synthetic import generate_synthetic
 from service.app import create_app
 from service.model_manager import ModelIdentity, StaticSource
 from service.settings import ServiceSettings
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch):
+    """No user or CI service/MLflow settings leak into a test."""
+    for key in list(os.environ):
+        if key.startswith(("FORECASTER_", "MLFLOW_TRACKING", "MLFLOW_REGISTRY")):
+            monkeypatch.delenv(key, raising=False)
+
 
 CONTEXT = 48
 HORIZON = 12
@@ -86,7 +96,7 @@ def make_client(
 
     def make(source=None, **overrides) -> TestClient:
         values = {"data_dir": tmp_path / "data", "poll_interval_s": 3600, **overrides}
-        settings = ServiceSettings(**values)
+        settings = ServiceSettings(_env_file=None, **values)
         if source is None:
             source = StaticSource(fitted, identity)
         elif source == "registry":
@@ -112,7 +122,7 @@ def register_version(
     forecaster: Forecaster,
     frame: pd.DataFrame,
     *,
-    artifacts: Path,
+    artifacts: Path | None,
     alias: str | None = "champion",
     name: str = "forecaster",
 ) -> str:
@@ -121,7 +131,9 @@ def register_version(
     from pipelines.register import input_example, register
 
     experiment = tracking.ensure_experiment(
-        "service-tests", tracking_uri=tracking_uri, artifact_location=str(artifacts)
+        "service-tests",
+        tracking_uri=tracking_uri,
+        artifact_location=None if artifacts is None else str(artifacts),
     )
     mlflow_client = tracking.client(tracking_uri)
     run = mlflow_client.create_run(experiment)
@@ -144,9 +156,10 @@ def register_version(
 class Registry:
     """An empty SQLite-backed MLflow registry in a temporary directory."""
 
-    def __init__(self, root: Path):
-        self.tracking_uri = f"sqlite:///{root / 'mlflow.db'}"
-        self.artifacts = root / "mlartifacts"
+    def __init__(self, root: Path, tracking_uri: str | None = None):
+        # A tracking server decides where artifacts go; a local store keeps them in root.
+        self.tracking_uri = tracking_uri or f"sqlite:///{root / 'mlflow.db'}"
+        self.artifacts = None if tracking_uri else root / "mlartifacts"
 
     def register(self, forecaster: Forecaster, frame: pd.DataFrame, alias: str | None = "champion"):
         return register_version(
@@ -162,3 +175,9 @@ class Registry:
 @pytest.fixture()
 def registry(tmp_path: Path) -> Registry:
     return Registry(tmp_path)
+
+
+@pytest.fixture()
+def registry_at(tmp_path: Path) -> Callable[[str], Registry]:
+    """registry_at(tracking_uri): the registry behind a tracking server."""
+    return lambda tracking_uri: Registry(tmp_path, tracking_uri)

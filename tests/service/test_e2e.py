@@ -1,0 +1,259 @@
+"""End to end over real HTTP: an MLflow tracking server backed by SQLite, `forecaster serve` as
+a subprocess, httpx as the client. Online forecast, a batch job to its result, a crash with an
+unfinished job that completes after the restart, an alias move picked up while serving, and the
+tracking server going away without the service noticing more than a logged error."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pandas as pd
+import pytest
+
+API_KEY = "e2e-key-0123456789abcdef"
+HEADERS = {"X-API-Key": API_KEY}
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process exited ({proc.returncode}) while waiting for {what}")
+        try:
+            last = predicate()
+            if last:
+                return last
+        except httpx.HTTPError as exc:
+            last = exc
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+class Process:
+    """A server subprocess whose output goes to a log file (shown when a test fails)."""
+
+    def __init__(self, args: list[str], log: Path, env: dict[str, str], cwd: Path):
+        self.log = log
+        self.handle = open(log, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            args, stdout=self.handle, stderr=subprocess.STDOUT, env=env, cwd=cwd
+        )
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.handle.close()
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+
+@pytest.fixture()
+def tracking_server(tmp_path):
+    port = free_port()
+    store = tmp_path / "mlflow-server"
+    store.mkdir()
+    server = Process(
+        [
+            str(Path(sys.executable).with_name("mlflow")),
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{store / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(store / "artifacts"),
+        ],
+        tmp_path / "mlflow-server.log",
+        env={**os.environ},
+        cwd=store,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(
+            lambda: httpx.get(f"{uri}/health", timeout=2).status_code == 200,
+            120,
+            "the MLflow tracking server",
+            server.proc,
+        )
+        yield uri, server
+    finally:
+        server.stop()
+
+
+def start_service(tmp_path: Path, port: int, tracking_uri: str, run: int) -> Process:
+    env = {
+        **os.environ,
+        "FORECASTER_SERVICE_API_KEYS": API_KEY,
+        "FORECASTER_SERVICE_POLL_INTERVAL_S": "1",
+        # small partitions and chunks: the batch job of the restart test is mid-way for seconds
+        "FORECASTER_SERVICE_BATCH_PARTITION_BYTES": "65536",
+        "FORECASTER_SERVICE_BATCH_CHUNK_SERIES": "4",
+        "FORECASTER_SERVICE_LOG_LEVEL": "info",
+    }
+    return Process(
+        [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--tracking-uri",
+            tracking_uri,
+            "--data-dir",
+            str(tmp_path / "service-data"),
+        ],
+        tmp_path / f"service-{run}.log",
+        env=env,
+        cwd=ROOT,
+    )
+
+
+def job_status(http: httpx.Client, job_id: str) -> dict:
+    return http.get(f"/v1/batch-jobs/{job_id}").json()
+
+
+def test_end_to_end(tmp_path, tracking_server, registry_at, fitted, training_frame, payload):
+    tracking_uri, server = tracking_server
+    registry = registry_at(tracking_uri)
+    v1 = registry.register(fitted, training_frame)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    service = start_service(tmp_path, port, tracking_uri, run=1)
+    http = httpx.Client(base_url=base, headers=HEADERS, timeout=30)
+    try:
+        wait_until(lambda: http.get("/readyz").status_code == 200, 120, "the service", service.proc)
+
+        # -- online forecast --------------------------------------------------------------
+        body = {"horizon": 6, "series": [payload("series_000"), payload("series_001")]}
+        response = http.post("/v1/forecast", json=body)
+        assert response.status_code == 200, response.text
+        out = response.json()
+        assert out["model"]["version"] == v1 and out["model"]["alias"] == "champion"
+        assert [len(f["mean"]) for f in out["forecasts"]] == [6, 6]
+        assert (
+            http.post(
+                "/v1/forecast", json=body, headers={"X-API-Key": "wrong-key-xxxxxxxxxx"}
+            ).status_code
+            == 401
+        )
+
+        # -- a batch job through to its result ----------------------------------------------
+        history = training_frame.groupby("unique_id").tail(60)
+        files = {"file": ("history.csv", history.to_csv(index=False).encode(), "text/csv")}
+        accepted = http.post("/v1/batch-jobs", files=files, data={"output_format": "parquet"})
+        assert accepted.status_code == 202, accepted.text
+        job_id = accepted.json()["id"]
+        done = wait_until(
+            lambda: (j := job_status(http, job_id))["status"] in ("succeeded", "failed") and j,
+            60,
+            "the batch job",
+        )
+        assert done["status"] == "succeeded", done
+        result = pd.read_parquet(io.BytesIO(http.get(f"/v1/batch-jobs/{job_id}/result").content))
+        assert len(result) == history["unique_id"].nunique() * fitted.max_horizon
+
+        # -- a crash with an unfinished job; the restart finishes it --------------------------
+        many = []
+        for k in range(150):  # 600 series, a few seconds of work in chunks of 4
+            part = history.copy()
+            part["unique_id"] = part["unique_id"] + f"-{k}"
+            many.append(part)
+        big = pd.concat(many, ignore_index=True)
+        accepted = http.post(
+            "/v1/batch-jobs",
+            content=big.to_csv(index=False).encode(),
+            headers={"content-type": "text/csv"},
+        )
+        assert accepted.status_code == 202, accepted.text
+        big_id = accepted.json()["id"]
+        wait_until(
+            lambda: (j := job_status(http, big_id))["status"] == "running" and j["rows_done"] > 0,
+            60,
+            "the big job to start",
+        )
+        service.stop(signal.SIGKILL)  # no chance to hand the job back: a crash
+        assert job_status_offline(tmp_path, big_id) == "running"
+
+        service = start_service(tmp_path, port, tracking_uri, run=2)
+        wait_until(lambda: http.get("/readyz").status_code == 200, 120, "the restart", service.proc)
+        resumed = wait_until(
+            lambda: (j := job_status(http, big_id))["status"] in ("succeeded", "failed") and j,
+            120,
+            "the resumed job",
+            service.proc,
+        )
+        assert resumed["status"] == "succeeded", resumed
+        assert resumed["attempts"] == 2
+        csv = http.get(f"/v1/batch-jobs/{big_id}/result?format=csv")
+        assert csv.headers["content-type"].startswith("text/csv")
+        assert len(pd.read_csv(io.BytesIO(csv.content))) == 600 * fitted.max_horizon
+
+        # -- an alias move the running service picks up ---------------------------------------
+        v2 = registry.register(fitted, training_frame, alias=None)
+        registry.move_alias(v2)
+        wait_until(
+            lambda: (http.get("/v1/models").json()["loaded"] or {}).get("version") == v2,
+            60,
+            "the new champion",
+            service.proc,
+        )
+        out = http.post("/v1/forecast", json=body).json()
+        assert out["model"]["version"] == v2
+
+        # -- the tracking server goes away: the loaded model keeps serving -------------------
+        server.stop()
+        wait_until(
+            lambda: "unreachable" in (http.get("/v1/models").json()["last_check_error"] or ""),
+            90,
+            "the registry error to show",
+            service.proc,
+        )
+        response = http.post("/v1/forecast", json=body)
+        assert response.status_code == 200 and response.json()["model"]["version"] == v2
+        assert http.get("/readyz").status_code == 200
+    except BaseException:
+        print(service.tail())
+        raise
+    finally:
+        http.close()
+        service.stop()
+
+
+def job_status_offline(tmp_path: Path, job_id: str) -> str:
+    """The job's row as the dead service left it."""
+    from service.jobs import JobStore
+
+    job = JobStore(tmp_path / "service-data" / "jobs.db").get(job_id)
+    assert job is not None
+    return job.status

@@ -1,0 +1,83 @@
+"""A model with a known-future covariate: requests carry its history and horizon values."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from forecaster import Forecaster
+from forecaster.synthetic import generate_synthetic
+from service.model_manager import ModelIdentity, StaticSource
+
+HORIZON = 12
+
+
+@pytest.fixture(scope="module")
+def promo_frame() -> pd.DataFrame:
+    return generate_synthetic(n_series=3, n_steps=24 * 10, seed=2, with_covariates=True)
+
+
+@pytest.fixture(scope="module")
+def promo_model(fitted, promo_frame) -> Forecaster:
+    model_config = dataclasses.replace(fitted.model_config, covariates=("promo",))
+    return Forecaster(model_config, fitted.train_config).fit(promo_frame)
+
+
+@pytest.fixture()
+def promo_client(make_client, promo_model):
+    return make_client(source=StaticSource(promo_model, ModelIdentity("forecaster", "7")))
+
+
+def _split(frame, series_id, context, horizon=HORIZON):
+    part = frame[frame["unique_id"] == series_id]
+    return part.iloc[-(context + horizon) : -horizon], part.iloc[-horizon:]
+
+
+def test_online_forecast_with_future_covariates(promo_client, promo_model, promo_frame):
+    context = promo_model.min_history
+    past, future = _split(promo_frame, "series_001", context)
+    series = {
+        "id": "series_001",
+        "timestamps": [t.isoformat() for t in past["ds"]],
+        "values": past["y"].tolist(),
+        "covariates": {"promo": past["promo"].tolist() + future["promo"].tolist()},
+    }
+    response = promo_client.post("/v1/forecast", json={"series": [series]})
+    assert response.status_code == 200, response.text
+    want = promo_model.predict(past, future_df=future[["unique_id", "ds", "promo"]])
+    np.testing.assert_allclose(response.json()["forecasts"][0]["mean"], want["mean"], atol=1e-5)
+
+
+def test_covariates_missing_or_short_name_the_field(promo_client, promo_model, promo_frame):
+    past, future = _split(promo_frame, "series_001", promo_model.min_history)
+    series = {
+        "id": "series_001",
+        "timestamps": [t.isoformat() for t in past["ds"]],
+        "values": past["y"].tolist(),
+    }
+    response = promo_client.post("/v1/forecast", json={"series": [series]})
+    assert response.status_code == 422
+    assert response.json()["field"] == "series[0].covariates.promo"
+    series["covariates"] = {"promo": past["promo"].tolist()}  # history only, no future values
+    response = promo_client.post("/v1/forecast", json={"series": [series]})
+    assert response.status_code == 422
+    assert "horizon" in response.json()["detail"]
+    assert response.json()["series_id"] == "series_001"
+
+
+def test_invocations_take_future_rows_with_empty_y(promo_client, promo_model, promo_frame):
+    past, future = _split(promo_frame, "series_002", promo_model.min_history)
+    frame = pd.concat([past, future.assign(y=np.nan)], ignore_index=True)
+    frame["ds"] = frame["ds"].dt.strftime("%Y-%m-%dT%H:%M:%S")
+    split = {
+        "columns": list(frame.columns),
+        "data": frame.astype(object).where(frame.notna(), None).values.tolist(),
+    }
+    response = promo_client.post("/invocations", json={"dataframe_split": split})
+    assert response.status_code == 200, response.text
+    want = promo_model.predict(past, future_df=future)
+    got = pd.DataFrame(response.json()["predictions"])
+    np.testing.assert_allclose(got["mean"], want["mean"], atol=1e-5)

@@ -1,0 +1,122 @@
+"""Batch scoring of files: streamed in chunks, same forecasts as one predict call, atomic output."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from pipeline_helpers import synthetic
+
+import pipelines.predict as predict_module
+from forecaster import Forecaster
+from pipelines.cli import main
+from pipelines.predict import predict_file
+from pipelines.registry import download_forecaster, resolve_model
+
+
+@pytest.fixture(scope="module")
+def model_dir(champion_store, tmp_path_factory):
+    root, _ = champion_store
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    ref = resolve_model("models:/forecaster@champion", tracking_uri=uri)
+    return download_forecaster(ref, tmp_path_factory.mktemp("model") / "v1", tracking_uri=uri)
+
+
+@pytest.fixture(scope="module")
+def history() -> pd.DataFrame:
+    return synthetic(seed=3, n_series=7, n_steps=24 * 4)
+
+
+@pytest.fixture(scope="module")
+def expected(model_dir, history) -> pd.DataFrame:
+    return Forecaster.load(model_dir, device="cpu").predict(history)
+
+
+@pytest.mark.parametrize("suffix_in", [".csv", ".parquet"])
+@pytest.mark.parametrize("suffix_out", [".csv", ".parquet"])
+def test_chunked_streaming_matches_one_predict_call(
+    model_dir, history, expected, tmp_path, monkeypatch, suffix_in, suffix_out
+):
+    source = tmp_path / f"in{suffix_in}"
+    if suffix_in == ".csv":
+        history.to_csv(source, index=False)
+    else:
+        history.to_parquet(source, row_group_size=50)
+    # Reads of 37 rows split series across chunks; 3 series per predict call.
+    monkeypatch.setattr(predict_module, "ROWS_PER_READ", 37)
+    out = tmp_path / f"out{suffix_out}"
+    summary = predict_file(str(model_dir), source, out, chunk_series=3, progress=False)
+    got = pd.read_csv(out, parse_dates=["ds"]) if suffix_out == ".csv" else pd.read_parquet(out)
+    assert (summary.n_series, summary.n_input_rows) == (7, len(history))
+    assert summary.n_output_rows == len(expected) == len(got)
+    assert list(got.columns) == list(expected.columns)
+    assert got["unique_id"].astype(str).tolist() == expected["unique_id"].astype(str).tolist()
+    np.testing.assert_array_equal(got["ds"].to_numpy(), expected["ds"].to_numpy())
+    np.testing.assert_allclose(got["mean"], expected["mean"], rtol=1e-6)
+    np.testing.assert_allclose(got["q0.9"], expected["q0.9"], rtol=1e-6)
+
+
+def test_cli_predict_with_the_registered_champion(
+    champion_store, history, expected, tmp_path, capsys
+):
+    root, _ = champion_store
+    history.to_csv(tmp_path / "in.csv", index=False)
+    code = main(
+        [
+            "predict",
+            "--tracking-uri",
+            f"sqlite:///{root / 'mlflow.db'}",
+            "--model",
+            "models:/forecaster@champion",
+            "--input",
+            str(tmp_path / "in.csv"),
+            "--output",
+            str(tmp_path / "out.parquet"),
+            "--horizon",
+            "5",
+            "--quantiles",
+            "0.1,0.9",
+            "--no-progress",
+        ]
+    )
+    assert code == 0
+    assert "forecaster v1" in capsys.readouterr().out
+    got = pd.read_parquet(tmp_path / "out.parquet")
+    assert list(got.columns) == ["unique_id", "ds", "mean", "q0.1", "q0.9"]
+    assert len(got) == 5 * 7
+    first = expected.groupby("unique_id").head(5).reset_index(drop=True)
+    np.testing.assert_allclose(got["mean"], first["mean"], rtol=1e-6)
+
+
+def test_bad_input_writes_nothing(model_dir, history, tmp_path):
+    shuffled = history.sample(frac=1.0, random_state=0)
+    shuffled.to_csv(tmp_path / "in.csv", index=False)
+    with pytest.raises(ValueError, match="not contiguous"):
+        predict_file(str(model_dir), tmp_path / "in.csv", tmp_path / "out.csv", progress=False)
+    bad = history.copy()
+    bad.loc[bad.index[-1], "y"] = np.nan  # in the last series, found after others were written
+    bad.to_csv(tmp_path / "in.csv", index=False)
+    with pytest.raises(ValueError, match="series_006"):
+        predict_file(
+            str(model_dir),
+            tmp_path / "in.csv",
+            tmp_path / "out.csv",
+            chunk_series=2,
+            progress=False,
+        )
+    assert list(tmp_path.iterdir()) == [tmp_path / "in.csv"]
+
+
+def test_too_short_history_and_bad_params_are_named(model_dir, history, tmp_path, capsys):
+    short = history.groupby("unique_id").head(10)
+    short.to_csv(tmp_path / "short.csv", index=False)
+    args = ["predict", "--model", str(model_dir), "--output", str(tmp_path / "o.csv")]
+    assert main([*args, "--input", str(tmp_path / "short.csv"), "--no-progress"]) == 2
+    assert "series_000" in capsys.readouterr().err
+    history.to_csv(tmp_path / "in.csv", index=False)
+    assert main([*args, "--input", str(tmp_path / "in.csv"), "--horizon", "999"]) == 2
+    assert "horizon" in capsys.readouterr().err
+    assert main([*args, "--input", str(tmp_path / "in.csv"), "--quantiles", "0.3"]) == 2
+    assert "quantiles" in capsys.readouterr().err
+    assert main([*args, "--input", str(tmp_path / "in.txt")]) == 2
+    assert not (tmp_path / "o.csv").exists()

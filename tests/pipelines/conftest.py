@@ -12,7 +12,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from pipeline_helpers import make_settings, synthetic
+
+from tests.pipelines.pipeline_helpers import make_settings, synthetic
 
 
 @pytest.fixture(autouse=True)

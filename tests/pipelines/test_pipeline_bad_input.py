@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from pipeline_helpers import TINY_MODEL, client_for, config_file, synthetic
 
 from pipelines.cli import main
 from pipelines.ingest import ingest
+from tests.pipelines.pipeline_helpers import TINY_MODEL, client_for, config_file, synthetic
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,10 @@ import subprocess
 import sys
 import time
 
-from pipeline_helpers import ROOT, client_for, config_file, make_settings, run_cli
-
 from pipelines.lock import pipeline_lock
 from pipelines.retrain import retrain
 from pipelines.schedule import run_schedule, scheduler_lock_path
+from tests.pipelines.pipeline_helpers import ROOT, client_for, config_file, make_settings, run_cli
 
 
 def _versions(root) -> list[str]:

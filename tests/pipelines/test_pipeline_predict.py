@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from pipeline_helpers import synthetic
 
 import pipelines.predict as predict_module
 from forecaster import Forecaster
 from pipelines.cli import main
 from pipelines.predict import predict_file
 from pipelines.registry import download_forecaster, resolve_model
+from tests.pipelines.pipeline_helpers import synthetic
 
 
 @pytest.fixture(scope="module")

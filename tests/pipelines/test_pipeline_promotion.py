@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from pipeline_helpers import client_for, config_file
 
 from pipelines.cli import main
 from pipelines.errors import NoChallengerError
 from pipelines.promote import promote
 from pipelines.registry import resolve_model
+from tests.pipelines.pipeline_helpers import client_for, config_file
 
 
 def _aliases(root):

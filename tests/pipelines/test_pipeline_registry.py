@@ -9,12 +9,12 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pytest
-from pipeline_helpers import client_for, config_file, synthetic
 
 from forecaster import Forecaster
 from pipelines.cli import main
 from pipelines.errors import InvalidModelUriError, ModelNotFoundError, TrackingUnavailableError
 from pipelines.registry import download_forecaster, load_forecaster, resolve_model
+from tests.pipelines.pipeline_helpers import client_for, config_file, synthetic
 
 
 def test_retrain_registers_version_1_as_challenger_and_champion(champion_store):

@@ -1,0 +1,201 @@
+"""End to end over HTTP: a real `mlflow server`, two retrains, the champion loaded with
+mlflow.pyfunc and served by `mlflow models serve`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipelines import tracking
+from pipelines.registry import load_forecaster
+from tests.pipelines.pipeline_helpers import ROOT, TINY_MODEL, free_port, run_cli, synthetic
+
+pytestmark = pytest.mark.slow
+
+# Trained enough (high learning rate, a few epochs) that the champion beats seasonal naive.
+TRAIN = {
+    "max_epochs": 6,
+    "patience": 6,
+    "learning_rate": 0.01,
+    "batch_size": 64,
+    "max_windows_per_epoch": 512,
+    "progress": False,
+    "device": "cpu",
+}
+MLFLOW = str(Path(sys.executable).with_name("mlflow"))
+
+
+def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text()[-3000:]
+            raise RuntimeError(f"{proc.args[:3]} exited with {proc.returncode}:\n{tail}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.5)
+    raise TimeoutError(f"{url} did not answer within {timeout}s")
+
+
+@contextlib.contextmanager
+def _process(args: list[str], *, cwd: Path, env: dict, log: Path):
+    with log.open("w") as out:
+        proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            yield proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _noisy_history(df: pd.DataFrame, keep: int) -> pd.DataFrame:
+    """``df`` with all but the last ``keep`` points of each series replaced by white noise
+    of the same mean and spread: a model trained on it cannot have learned the seasonality,
+    while the recent points (context and holdout window) are the real series."""
+    df = df.copy()
+    position = df.groupby("unique_id").cumcount().to_numpy()
+    length = df.groupby("unique_id")["y"].transform("size").to_numpy()
+    mean = df.groupby("unique_id")["y"].transform("mean").to_numpy()
+    std = df.groupby("unique_id")["y"].transform("std").to_numpy()
+    noise = mean + std * np.random.default_rng(1).standard_normal(len(df))
+    replace = position < length - keep
+    df.loc[replace, "y"] = noise[replace]
+    return df
+
+
+def test_retrain_twice_over_http_then_pyfunc_and_mlflow_serve(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FORECASTER_", "MLFLOW_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    # `mlflow models serve --env-manager local` execs `uvicorn` from PATH.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    port = free_port()
+    server_args = [
+        MLFLOW,
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--backend-store-uri",
+        f"sqlite:///{tmp_path / 'server.db'}",
+        "--artifacts-destination",
+        str(tmp_path / "server-artifacts"),
+        "--serve-artifacts",
+        "--workers",
+        "1",
+    ]
+    uri = f"http://127.0.0.1:{port}"
+    with _process(server_args, cwd=tmp_path, env=env, log=tmp_path / "server.log") as server:
+        _wait_http(f"{uri}/health", server, tmp_path / "server.log")
+        work = tmp_path / "work"
+        work.mkdir()
+        (work / "settings.yaml").write_text(
+            json.dumps({"model": TINY_MODEL, "train": TRAIN, "lock_file": str(work / "lock")})
+        )
+        clean = synthetic()
+        clean.to_csv(work / "clean.csv", index=False)
+        keep = TINY_MODEL["context_length"] + 3 * TINY_MODEL["prediction_length"]
+        _noisy_history(clean, keep).to_parquet(work / "noisy.parquet")
+        cli_env = {"MLFLOW_TRACKING_URI": uri}
+
+        first = run_cli(
+            "retrain", "--config", "settings.yaml", "--data", "clean.csv", cwd=work, env=cli_env
+        )
+        assert first.returncode == 0, first.stderr
+        assert "decision  promoted" in first.stdout
+        second = run_cli(
+            "retrain", "--config", "settings.yaml", "--data", "noisy.parquet", cwd=work, env=cli_env
+        )
+        assert second.returncode == 0, second.stderr
+        assert "decision  not promoted" in second.stdout
+        # Nothing was written locally: the server holds runs, registry and artifacts.
+        assert not (work / "mlflow.db").exists() and not (work / "mlartifacts").exists()
+
+        client = tracking.client(uri)
+        model = client.get_registered_model("forecaster")
+        assert {k: str(v) for k, v in model.aliases.items()} == {
+            "champion": "1",
+            "challenger": "2",
+        }
+        tags = client.get_model_version("forecaster", "2").tags
+        assert tags["promotion.decision"] == "rejected"
+        assert "not better than champion" in tags["promotion.reason"]
+        assert float(tags["promotion.challenger_score"]) > float(tags["promotion.champion_score"])
+
+        # The champion through MLflow's own loader, beside the Forecaster it wraps.
+        history = clean.groupby("unique_id").tail(100).reset_index(drop=True)
+        mlflow.set_tracking_uri(uri)
+        try:
+            pyfunc = mlflow.pyfunc.load_model("models:/forecaster@champion")
+            forecast = pyfunc.predict(history, params={"horizon": 6, "quantiles": [0.1, 0.9]})
+        finally:
+            mlflow.set_tracking_uri(None)
+        direct = load_forecaster("models:/forecaster@champion", tracking_uri=uri, device="cpu")
+        assert direct.ref.version == "1"
+        expected = direct.forecaster.predict(history, horizon=6, quantiles=[0.1, 0.9])
+        assert list(forecast.columns) == ["unique_id", "ds", "mean", "q0.1", "q0.9"]
+        np.testing.assert_allclose(forecast["mean"], expected["mean"], rtol=1e-6)
+        last = history.groupby("unique_id")["ds"].max()
+        first_step = forecast.groupby("unique_id")["ds"].min()
+        assert (first_step - last.reindex(first_step.index) == pd.Timedelta(hours=1)).all()
+
+        # And served unchanged by `mlflow models serve`.
+        serve_port = free_port()
+        serve_args = [
+            MLFLOW,
+            "models",
+            "serve",
+            "-m",
+            "models:/forecaster@champion",
+            "--env-manager",
+            "local",
+            "--host",
+            "127.0.0.1",
+            "-p",
+            str(serve_port),
+        ]
+        with _process(
+            serve_args,
+            cwd=work,
+            env={**env, "MLFLOW_TRACKING_URI": uri},
+            log=tmp_path / "serve.log",
+        ) as serve:
+            _wait_http(
+                f"http://127.0.0.1:{serve_port}/ping", serve, tmp_path / "serve.log", timeout=180
+            )
+            payload = history.assign(ds=history["ds"].dt.strftime("%Y-%m-%d %H:%M:%S"))
+            body = {
+                "dataframe_split": json.loads(payload.to_json(orient="split", index=False)),
+                "params": {"horizon": 6, "quantiles": [0.1, 0.9]},
+            }
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{serve_port}/invocations",
+                data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(request, timeout=60) as response:
+                served = pd.DataFrame(json.loads(response.read())["predictions"])
+        assert len(served) == len(expected)
+        assert served["unique_id"].tolist() == expected["unique_id"].astype(str).tolist()
+        np.testing.assert_allclose(served["mean"], expected["mean"], rtol=1e-5)
+        np.testing.assert_allclose(served["q0.9"], expected["q0.9"], rtol=1e-5)
+        assert pd.to_datetime(served["ds"]).tolist() == expected["ds"].tolist()

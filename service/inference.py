@@ -43,15 +43,29 @@ class ItemForecast:
     timestamps: np.ndarray  # (S, H) datetime64[ns]
     mean: np.ndarray  # (S, H)
     quantiles: dict[float, np.ndarray]  # q -> (S, H)
-    frame: pd.DataFrame  # the request's history (for attention)
-    future: pd.DataFrame | None
+    parts: FrameParts  # the request's own frame (for attention)
+
+
+Columns = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class FrameParts:
+    """A request's long frame as numpy columns: merging many requests costs one DataFrame."""
+
+    history: Columns
+    future: Columns | None = None
+
+    def frames(self) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+        future = None if self.future is None else pd.DataFrame(self.future)
+        return pd.DataFrame(self.history), future
 
 
 @dataclass
 class OnlineItem:
     """One online request waiting for the model.
 
-    `build` turns the request into (history, future covariates) in the inference thread;
+    `build` turns the request into its frame's columns in the inference thread;
     `render` turns the forecast into the response body there too.
     """
 
@@ -59,7 +73,7 @@ class OnlineItem:
     horizon: int
     quantiles: tuple[float, ...]
     n_series: int
-    build: Callable[[], tuple[pd.DataFrame, pd.DataFrame | None]]
+    build: Callable[[], FrameParts]
     render: Callable[[ItemForecast], bytes]
     enqueued_at: float = 0.0
 
@@ -92,13 +106,15 @@ def _frame_error(exc: Exception, index: int, series_id: str, field: str) -> Inva
 
 def request_frames(
     request: ForecastRequest, covariates: Sequence[str], horizon: int, min_history: int
-) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """The long history frame and, for models with covariates, the future covariate frame."""
+) -> FrameParts:
+    """The history columns and, for models with covariates, the future covariate columns."""
     ids: list[np.ndarray] = []
     stamps: list[np.ndarray] = []
     values: list[np.ndarray] = []
     cov_past: dict[str, list[np.ndarray]] = {c: [] for c in covariates}
-    future_parts: list[pd.DataFrame] = []
+    future_ids: list[np.ndarray] = []
+    future_stamps: list[np.ndarray] = []
+    cov_future: dict[str, list[np.ndarray]] = {c: [] for c in covariates}
     for i, s in enumerate(request.series):
         n = len(s.values)
         if n == 0:  # a series without rows never reaches the frame the core validates
@@ -115,7 +131,7 @@ def request_frames(
             ) from None
         ids.append(np.full(n, s.id, dtype=object))
         stamps.append(ds.to_numpy(dtype="datetime64[ns]"))
-        values.append(np.array([np.nan if v is None else v for v in s.values], dtype=np.float64))
+        values.append(np.array(s.values, dtype=np.float64))  # None becomes NaN: the core says
         if not covariates:
             continue
         given = s.covariates or {}
@@ -136,38 +152,37 @@ def request_frames(
                     field=f"series[{i}].covariates.{name}",
                     series_id=s.id,
                 )
-            arr = np.array([np.nan if v is None else v for v in column], dtype=np.float64)
+            arr = np.array(column, dtype=np.float64)
             cov_past[name].append(arr[:n])
-        if n:
-            try:
-                future_ds = pd.date_range(ds[-1], periods=horizon + 1, freq=_freq_of(s, ds))[1:]
-            except (ValueError, TypeError) as exc:
-                raise _frame_error(exc, i, s.id, "timestamps") from None
-            future_parts.append(
-                pd.DataFrame(
-                    {
-                        "unique_id": s.id,
-                        "ds": future_ds,
-                        **{
-                            name: np.array(
-                                [np.nan if v is None else v for v in given[name][n:]],
-                                dtype=np.float64,
-                            )
-                            for name in covariates
-                        },
-                    }
-                )
-            )
-    frame = pd.DataFrame(
-        {
-            "unique_id": np.concatenate(ids) if ids else np.array([], dtype=object),
-            "ds": np.concatenate(stamps) if stamps else np.array([], dtype="datetime64[ns]"),
-            "y": np.concatenate(values) if values else np.array([], dtype=np.float64),
-            **{name: np.concatenate(parts) for name, parts in cov_past.items() if parts},
+            cov_future[name].append(arr[n:])
+        try:
+            future_ds = pd.date_range(ds[-1], periods=horizon + 1, freq=_freq_of(s, ds))[1:]
+        except (ValueError, TypeError) as exc:
+            raise _frame_error(exc, i, s.id, "timestamps") from None
+        future_ids.append(np.full(horizon, s.id, dtype=object))
+        future_stamps.append(future_ds.to_numpy(dtype="datetime64[ns]"))
+    history = {
+        "unique_id": np.concatenate(ids),
+        "ds": np.concatenate(stamps),
+        "y": np.concatenate(values),
+        **{name: np.concatenate(parts) for name, parts in cov_past.items()},
+    }
+    future = None
+    if covariates:
+        future = {
+            "unique_id": np.concatenate(future_ids),
+            "ds": np.concatenate(future_stamps),
+            **{name: np.concatenate(parts) for name, parts in cov_future.items()},
         }
+    return FrameParts(history, future)
+
+
+def frame_parts(history: pd.DataFrame, future: pd.DataFrame | None = None) -> FrameParts:
+    """The columns of frames a caller sent as frames (MLflow's formats)."""
+    return FrameParts(
+        {str(c): history[c].to_numpy() for c in history.columns},
+        None if future is None else {str(c): future[c].to_numpy() for c in future.columns},
     )
-    future = pd.concat(future_parts, ignore_index=True) if future_parts else None
-    return frame, future
 
 
 def _freq_of(series: Any, ds: pd.DatetimeIndex) -> str:
@@ -201,8 +216,8 @@ def name_request_field(exc: ForecasterInputError, request: ForecastRequest) -> N
 def predict_items(items: list[OnlineItem]) -> list[bytes | Exception]:
     """Forecast every item, merging those that can share one `predict` call."""
     results: list[bytes | Exception] = [b""] * len(items)
-    built: dict[int, tuple[pd.DataFrame, pd.DataFrame | None]] = {}
-    groups: dict[tuple[int, int | None], list[int]] = defaultdict(list)
+    built: dict[int, FrameParts] = {}
+    groups: dict[tuple[Any, ...], list[int]] = defaultdict(list)
     for k, item in enumerate(items):
         try:
             built[k] = item.build()
@@ -211,9 +226,16 @@ def predict_items(items: list[OnlineItem]) -> list[bytes | Exception]:
             continue
         forecaster = item.model.forecaster
         # Future covariates are checked against the requested horizon, so models that take
-        # them merge only requests of the same horizon.
+        # them merge only requests of the same horizon; columns must line up to concatenate.
         key_horizon = item.horizon if forecaster.model_config.covariates else None
-        groups[(id(forecaster), key_horizon)].append(k)
+        parts = built[k]
+        key = (
+            id(forecaster),
+            key_horizon,
+            _layout(parts.history),
+            None if parts.future is None else _layout(parts.future),
+        )
+        groups[key].append(k)
     for members in groups.values():
         forecasts = _predict_group([items[k] for k in members], [built[k] for k in members])
         for k, forecast in zip(members, forecasts, strict=True):
@@ -227,26 +249,23 @@ def predict_items(items: list[OnlineItem]) -> list[bytes | Exception]:
     return results
 
 
+def _layout(columns: Columns) -> tuple[tuple[str, str], ...]:
+    return tuple((name, arr.dtype.str) for name, arr in columns.items())
+
+
 def _predict_group(
-    items: list[OnlineItem], frames: list[tuple[pd.DataFrame, pd.DataFrame | None]]
+    items: list[OnlineItem], parts: list[FrameParts]
 ) -> list[ItemForecast | Exception]:
-    model = items[0].model
-    forecaster = model.forecaster
+    forecaster = items[0].model.forecaster
     horizon = max(item.horizon for item in items)
     out: list[ItemForecast | Exception | None] = [None] * len(items)
     pending = list(range(len(items)))
     while pending:
         merged = len(pending) > 1
-        history = _concat([frames[k][0] for k in pending], pending if merged else None)
-        futures = [frames[k][1] for k in pending]
+        history = _merge([parts[k].history for k in pending], pending if merged else None)
         future = None
-        if any(f is not None for f in futures):
-            future = _concat(
-                [f for f in futures if f is not None],
-                [k for k, f in zip(pending, futures, strict=True) if f is not None]
-                if merged
-                else None,
-            )
+        if parts[pending[0]].future is not None:
+            future = _merge([parts[k].future for k in pending], pending if merged else None)
         try:
             forecast = forecaster.predict(history, horizon=horizon, future_df=future)
         except ForecasterInputError as exc:
@@ -254,27 +273,35 @@ def _predict_group(
             if culprit is None:
                 # The core could not say which series; run each request alone to find out.
                 for k in pending:
-                    out[k] = _predict_alone(items[k], frames[k], horizon)
+                    out[k] = _predict_alone(items[k], parts[k], horizon)
                 break
             out[culprit] = (
-                exc if not merged else _alone_error(items[culprit], frames[culprit], horizon)
+                exc if not merged else _alone_error(items[culprit], parts[culprit], horizon)
             )
             pending.remove(culprit)
             continue
-        _split(forecast, horizon, items, pending, frames, out)
+        _split(forecast, horizon, items, pending, parts, out)
         break
     return [o if o is not None else RuntimeError("no forecast produced") for o in out]
 
 
-def _concat(parts: list[pd.DataFrame], prefixes: list[int] | None) -> pd.DataFrame:
+def _merge(columns: list[Any], prefixes: list[int] | None) -> pd.DataFrame:
+    """One frame from several requests' columns; series ids get their request's index as a
+    prefix so two requests may both send a series called "a"."""
     if prefixes is None:
-        return parts[0]
-    renamed = []
-    for k, part in zip(prefixes, parts, strict=True):
-        part = part.copy(deep=False)
-        part["unique_id"] = f"{k}{_SEP}" + part["unique_id"].astype("str")
-        renamed.append(part)
-    return pd.concat(renamed, ignore_index=True)
+        return pd.DataFrame(columns[0])
+    merged: dict[str, np.ndarray] = {}
+    for name in columns[0]:
+        if name == "unique_id":
+            renamed = []
+            for k, cols in zip(prefixes, columns, strict=True):
+                codes, uniques = pd.factorize(cols[name], use_na_sentinel=False)
+                prefixed = np.asarray([f"{k}{_SEP}{u}" for u in uniques], dtype=object)
+                renamed.append(prefixed[codes])
+            merged[name] = np.concatenate(renamed)
+        else:
+            merged[name] = np.concatenate([cols[name] for cols in columns])
+    return pd.DataFrame(merged)
 
 
 def _culprit(exc: ForecasterInputError, pending: list[int]) -> int | None:
@@ -288,24 +315,21 @@ def _culprit(exc: ForecasterInputError, pending: list[int]) -> int | None:
     return k if k in pending else None
 
 
-def _alone_error(
-    item: OnlineItem, frames: tuple[pd.DataFrame, pd.DataFrame | None], horizon: int
-) -> Exception:
-    result = _predict_alone(item, frames, horizon)
+def _alone_error(item: OnlineItem, parts: FrameParts, horizon: int) -> Exception:
+    result = _predict_alone(item, parts, horizon)
     if isinstance(result, Exception):
         return result
     return RuntimeError("request failed in a merged batch but not alone")
 
 
-def _predict_alone(
-    item: OnlineItem, frames: tuple[pd.DataFrame, pd.DataFrame | None], horizon: int
-) -> ItemForecast | Exception:
+def _predict_alone(item: OnlineItem, parts: FrameParts, horizon: int) -> ItemForecast | Exception:
     out: list[ItemForecast | Exception | None] = [None]
+    history, future = parts.frames()
     try:
-        forecast = item.model.forecaster.predict(frames[0], horizon=horizon, future_df=frames[1])
+        forecast = item.model.forecaster.predict(history, horizon=horizon, future_df=future)
     except ForecasterInputError as exc:
         return exc
-    _split(forecast, horizon, [item], [0], [frames], out)
+    _split(forecast, horizon, [item], [0], [parts], out)
     assert out[0] is not None
     return out[0]
 
@@ -315,7 +339,7 @@ def _split(
     horizon: int,
     items: list[OnlineItem],
     pending: list[int],
-    frames: list[tuple[pd.DataFrame, pd.DataFrame | None]],
+    parts: list[FrameParts],
     out: list[ItemForecast | Exception | None],
 ) -> None:
     """Cut the merged forecast back into each request's series, horizon and quantiles."""
@@ -356,8 +380,7 @@ def _split(
             timestamps=ds[rows, :h],
             mean=item_mean,
             quantiles=item_q,
-            frame=frames[k][0],
-            future=frames[k][1],
+            parts=parts[k],
         )
     assert start == n_total, f"merged forecast has {n_total} series, requests {start}"
 
@@ -377,7 +400,7 @@ def render_forecast(forecast: ItemForecast, horizon: int, include_attention: boo
     """The `POST /v1/forecast` response body, encoded."""
     attention = None
     if include_attention:
-        maps = forecast.model.forecaster.attention(forecast.frame, forecast.future)
+        maps = forecast.model.forecaster.attention(*forecast.parts.frames())
         attention = {
             str(sid): {
                 "context_start": maps.context_starts[s],

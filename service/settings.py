@@ -43,6 +43,9 @@ class ServiceSettings(BaseSettings):
     device: str | None = Field(
         None, validation_alias=AliasChoices(f"{ENV_PREFIX}DEVICE", "FORECASTER_DEVICE", "device")
     )
+    # torch intra-op threads per process; None keeps torch's default (one per core). On
+    # shared or CPU-limited machines 1 is usually fastest for online requests.
+    torch_threads: int | None = Field(None, ge=1, le=256)
     # Seconds between checks of the registry alias for a new version.
     poll_interval_s: float = Field(30.0, gt=0)
 

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request, Response
 
 from service.deps import BatcherDep, ManagerDep, ServedModelDep, SettingsDep
 from service.errors import InvalidInputError, UnsupportedMediaTypeError
-from service.inference import ItemForecast, OnlineItem, forecast_frame
+from service.inference import FrameParts, ItemForecast, OnlineItem, forecast_frame, frame_parts
 from service.routers.forecast import resolve_horizon, resolve_quantiles, run_online
 
 router = APIRouter(tags=["mlflow-scoring"])
@@ -59,7 +59,7 @@ _INVOCATIONS_BODY = {
 }
 
 
-def _parse(data: bytes, mime: str) -> pd.DataFrame:
+def _parse(data: bytes | dict, mime: str) -> pd.DataFrame:
     from mlflow.exceptions import MlflowException
     from mlflow.pyfunc import scoring_server as mlflow_scoring
 
@@ -88,7 +88,7 @@ def _parse(data: bytes, mime: str) -> pd.DataFrame:
     return frame
 
 
-def _params(data: bytes) -> dict[str, Any]:
+def _decode(data: bytes) -> dict[str, Any]:
     try:
         decoded = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -100,7 +100,7 @@ def _params(data: bytes) -> dict[str, Any]:
     params = decoded.get("params") or {}
     if not isinstance(params, dict):
         raise InvalidInputError("params: expected an object", field="params")
-    return params
+    return decoded
 
 
 def _horizon_param(value: Any) -> int | None:
@@ -167,8 +167,11 @@ async def invocations(
             f"content-type {content_type!r} is not supported; expected one of {list(CONTENT_TYPES)}",
             field="content-type",
         )
-    data = await request.body()
-    params = _params(data) if mime == "application/json" else {}
+    data: bytes | dict = await request.body()
+    params: dict[str, Any] = {}
+    if mime == "application/json":
+        data = _decode(data)  # once; MLflow's parser takes the decoded object as well
+        params = data.get("params") or {}
     horizon = resolve_horizon(served, _horizon_param(params.get("horizon")))
     quantiles = resolve_quantiles(served, _quantiles_param(params.get("quantiles")))
     # The number of series is known after parsing; count the request as one until then.
@@ -199,13 +202,11 @@ def split_future_rows(
     return frame[~is_future].reset_index(drop=True), frame[is_future].reset_index(drop=True)
 
 
-def _counted(
-    item: OnlineItem, frames: tuple[pd.DataFrame, pd.DataFrame | None]
-) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+def _counted(item: OnlineItem, frames: tuple[pd.DataFrame, pd.DataFrame | None]) -> FrameParts:
     history = frames[0]
     if "unique_id" in history.columns:
         item.n_series = int(history["unique_id"].astype("str").nunique())
-    return frames
+    return frame_parts(*frames)
 
 
 @router.get("/ping", summary="MLflow health check: 200 when a model is loaded")

@@ -144,12 +144,11 @@ def register(
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    version_tags = {**tags, "registration": "complete"}
     model_version = client.create_model_version(
         model_name,
         source=info.model_uri,
         run_id=run_id,
-        tags={k: str(v) for k, v in version_tags.items()},
+        tags={k: str(v) for k, v in tags.items()},
         model_id=info.model_id,
     )
     version = str(model_version.version)

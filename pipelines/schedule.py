@@ -17,8 +17,8 @@ from pathlib import Path
 
 from croniter import croniter
 
-from forecaster.errors import InvalidConfigError
-from pipelines.errors import PipelineLockedError
+from forecaster.errors import ForecasterInputError, InvalidConfigError
+from pipelines.errors import ModelNotFoundError, PipelineLockedError, TrackingUnavailableError
 from pipelines.lock import pipeline_lock
 from pipelines.retrain import RetrainResult, retrain
 from pipelines.settings import PipelineSettings
@@ -81,10 +81,13 @@ def run_schedule(
             except PipelineLockedError as exc:
                 report.skipped += 1
                 logger.warning("skipped this tick: %s", exc)
-            except Exception:
+            except (ForecasterInputError, ModelNotFoundError, TrackingUnavailableError) as exc:
                 # The run is already marked FAILED in MLflow; champion was not touched.
                 report.failed += 1
-                logger.exception("scheduled retrain failed; champion unchanged")
+                logger.error("scheduled retrain failed, champion unchanged: %s", exc)
+            except Exception:
+                report.failed += 1
+                logger.exception("scheduled retrain failed, champion unchanged")
             else:
                 report.succeeded += 1
                 report.results.append(result)

@@ -1,4 +1,8 @@
-"""Dependencies the routes declare with `Annotated[..., Depends(...)]`; tests override them."""
+"""Dependencies the routes declare with `Annotated[..., Depends(...)]`; tests override them.
+
+All are `async def`: FastAPI runs plain `def` dependencies in a worker thread, and a thread hop
+per dependency per request costs more than everything they do.
+"""
 
 from __future__ import annotations
 
@@ -20,27 +24,27 @@ _api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, scheme_name="
 _bearer = HTTPBearer(auto_error=False, scheme_name="Bearer")
 
 
-def get_settings(request: Request) -> ServiceSettings:
+async def get_settings(request: Request) -> ServiceSettings:
     return request.app.state.settings
 
 
-def get_manager(request: Request) -> ModelManager:
+async def get_manager(request: Request) -> ModelManager:
     return request.app.state.manager
 
 
-def get_batcher(request: Request) -> MicroBatcher:
+async def get_batcher(request: Request) -> MicroBatcher:
     return request.app.state.batcher
 
 
-def get_job_store(request: Request) -> JobStore:
+async def get_job_store(request: Request) -> JobStore:
     return request.app.state.job_store
 
 
-def get_job_runner(request: Request) -> JobRunner:
+async def get_job_runner(request: Request) -> JobRunner:
     return request.app.state.job_runner
 
 
-def get_metrics(request: Request) -> ServiceMetrics:
+async def get_metrics(request: Request) -> ServiceMetrics:
     return request.app.state.metrics
 
 
@@ -52,7 +56,7 @@ JobRunnerDep = Annotated[JobRunner, Depends(get_job_runner)]
 MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
 
 
-def get_served_model(manager: ManagerDep) -> ServedModel:
+async def get_served_model(manager: ManagerDep) -> ServedModel:
     """The model to answer with; 503 naming the NAME@alias the service waits for."""
     served = manager.current
     if served is None:
@@ -83,7 +87,7 @@ def _matches(presented: str, settings: ServiceSettings) -> bool:
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="forecaster", ApiKey header="X-API-Key"'}
 
 
-def check_api_key(
+async def check_api_key(
     settings: SettingsDep,
     api_key: Annotated[str | None, Security(_api_key_header)] = None,
     bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)] = None,
@@ -102,7 +106,7 @@ def check_api_key(
         raise AuthError("invalid API key", field="X-API-Key", headers=_CHALLENGE)
 
 
-def require_api_key(
+async def require_api_key(
     settings: SettingsDep,
     api_key: Annotated[str | None, Security(_api_key_header)] = None,
     bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)] = None,
@@ -114,4 +118,4 @@ def require_api_key(
             "FORECASTER_SERVICE_API_KEYS",
             status_code=403,
         )
-    check_api_key(settings, api_key, bearer)
+    await check_api_key(settings, api_key, bearer)

@@ -12,7 +12,6 @@ with the caller's own series id, and the others are predicted without it.
 from __future__ import annotations
 
 import json
-import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -262,10 +261,10 @@ def _predict_group(
     pending = list(range(len(items)))
     while pending:
         merged = len(pending) > 1
-        history = _merge([parts[k].history for k in pending], pending if merged else None)
+        history, counts = _merge([parts[k].history for k in pending], pending if merged else None)
         future = None
         if parts[pending[0]].future is not None:
-            future = _merge([parts[k].future for k in pending], pending if merged else None)
+            future, _ = _merge([parts[k].future for k in pending], pending if merged else None)
         try:
             forecast = forecaster.predict(history, horizon=horizon, future_df=future)
         except ForecasterInputError as exc:
@@ -280,28 +279,33 @@ def _predict_group(
             )
             pending.remove(culprit)
             continue
-        _split(forecast, horizon, items, pending, parts, out)
+        _split(forecast, horizon, items, pending, parts, out, counts)
         break
     return [o if o is not None else RuntimeError("no forecast produced") for o in out]
 
 
-def _merge(columns: list[Any], prefixes: list[int] | None) -> pd.DataFrame:
-    """One frame from several requests' columns; series ids get their request's index as a
-    prefix so two requests may both send a series called "a"."""
+def _merge(columns: list[Any], prefixes: list[int] | None) -> tuple[pd.DataFrame, list[int] | None]:
+    """One frame from several requests' columns, and the number of series of each.
+
+    Series ids get their request's index as a prefix, so two requests may both send a series
+    called "a"; the ids are compared as text, as the core compares them.
+    """
     if prefixes is None:
-        return pd.DataFrame(columns[0])
+        return pd.DataFrame(columns[0]), None
     merged: dict[str, np.ndarray] = {}
+    counts: list[int] = []
     for name in columns[0]:
         if name == "unique_id":
             renamed = []
             for k, cols in zip(prefixes, columns, strict=True):
                 codes, uniques = pd.factorize(cols[name], use_na_sentinel=False)
-                prefixed = np.asarray([f"{k}{_SEP}{u}" for u in uniques], dtype=object)
-                renamed.append(prefixed[codes])
+                text = [f"{k}{_SEP}{u}" for u in uniques]
+                counts.append(len(set(text)))
+                renamed.append(np.asarray(text, dtype=object)[codes])
             merged[name] = np.concatenate(renamed)
         else:
             merged[name] = np.concatenate([cols[name] for cols in columns])
-    return pd.DataFrame(merged)
+    return pd.DataFrame(merged), counts
 
 
 def _culprit(exc: ForecasterInputError, pending: list[int]) -> int | None:
@@ -329,7 +333,7 @@ def _predict_alone(item: OnlineItem, parts: FrameParts, horizon: int) -> ItemFor
         forecast = item.model.forecaster.predict(history, horizon=horizon, future_df=future)
     except ForecasterInputError as exc:
         return exc
-    _split(forecast, horizon, [item], [0], [parts], out)
+    _split(forecast, horizon, [item], [0], [parts], out, None)
     assert out[0] is not None
     return out[0]
 
@@ -341,8 +345,10 @@ def _split(
     pending: list[int],
     parts: list[FrameParts],
     out: list[ItemForecast | Exception | None],
+    counts: list[int] | None,
 ) -> None:
-    """Cut the merged forecast back into each request's series, horizon and quantiles."""
+    """Cut the merged forecast back into each request's series, horizon and quantiles;
+    `counts` holds each pending request's number of series (None: one request, all rows)."""
     forecaster = items[pending[0]].model.forecaster
     n_total = len(forecast) // horizon
     ids = forecast["unique_id"].to_numpy(dtype=object)[::horizon]
@@ -353,9 +359,8 @@ def _split(
         for q in forecaster.quantiles
     }
     start = 0
-    for k in pending:
+    for k, n in zip(pending, counts or [n_total], strict=True):
         item = items[k]
-        n = item.n_series
         rows = slice(start, start + n)
         start += n
         h = item.horizon
@@ -432,18 +437,22 @@ def render_forecast(forecast: ItemForecast, horizon: int, include_attention: boo
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def forecast_frame(forecast: ItemForecast) -> pd.DataFrame:
-    """The forecast as the long frame `Forecaster.predict` returns (what MLflow serves)."""
+def render_mlflow(forecast: ItemForecast) -> bytes:
+    """`{"predictions": [records]}` exactly as MLflow's scoring server writes the long frame
+    (`predictions_to_json`), built with the C JSON encoder instead of MLflow's Python one."""
     s, h = forecast.mean.shape
-    data: dict[str, Any] = {
-        "unique_id": np.repeat(np.asarray(forecast.series_ids, dtype=object), h),
-        "ds": forecast.timestamps.reshape(s * h),
-        "mean": forecast.mean.reshape(s * h),
+    stamps = forecast.timestamps.reshape(s * h)
+    if (stamps.astype("datetime64[s]") == stamps).all():
+        ds = np.datetime_as_string(stamps, unit="s").tolist()
+    else:
+        ds = [t.isoformat() for t in pd.DatetimeIndex(stamps)]
+    columns: dict[str, list[Any]] = {
+        "unique_id": np.repeat(np.asarray(forecast.series_ids, dtype=object), h).tolist(),
+        "ds": ds,
+        "mean": forecast.mean.reshape(s * h).tolist(),
     }
     for q, arr in forecast.quantiles.items():
-        data[quantile_column(q)] = arr.reshape(s * h)
-    return pd.DataFrame(data)
-
-
-def now() -> float:
-    return time.perf_counter()
+        columns[quantile_column(q)] = arr.reshape(s * h).tolist()
+    keys = list(columns)
+    records = [dict(zip(keys, row, strict=True)) for row in zip(*columns.values(), strict=True)]
+    return json.dumps({"predictions": records}).encode()

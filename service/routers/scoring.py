@@ -8,16 +8,19 @@ the answer is MLflow's `{"predictions": [...records...]}` of the same long frame
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import warnings
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from fastapi import APIRouter, Request, Response
 
 from service.deps import BatcherDep, ManagerDep, ServedModelDep, SettingsDep
 from service.errors import InvalidInputError, UnsupportedMediaTypeError
-from service.inference import FrameParts, ItemForecast, OnlineItem, forecast_frame, frame_parts
+from service.inference import FrameParts, OnlineItem, frame_parts, render_mlflow
 from service.routers.forecast import resolve_horizon, resolve_quantiles, run_online
 
 router = APIRouter(tags=["mlflow-scoring"])
@@ -88,6 +91,60 @@ def _parse(data: bytes | dict, mime: str) -> pd.DataFrame:
     return frame
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def fast_split_parts(decoded: dict[str, Any]) -> FrameParts | None:
+    """Columns of a well-formed `dataframe_split` without building a DataFrame (the common
+    request, on the hot path); None for anything else, which MLflow's own parser then takes.
+
+    Values are left as the core's validation expects them: numbers as float64 when every
+    value converts, text otherwise (the core names the series holding it); timestamps are
+    parsed here only when numpy reads all of them as ISO 8601, else left as text.
+    """
+    split = decoded.get("dataframe_split")
+    if set(decoded) - {"dataframe_split", "params"} or not isinstance(split, dict):
+        return None
+    columns, rows = split.get("columns"), split.get("data")
+    if (
+        set(split) - {"columns", "data", "index"}
+        or not isinstance(columns, list)
+        or not isinstance(rows, list)
+        or not rows
+        or not all(isinstance(c, str) for c in columns)
+        or len(set(columns)) != len(columns)
+    ):
+        return None
+    width = len(columns)
+    if any(not isinstance(row, list) or len(row) != width for row in rows):
+        return None
+    out: dict[str, np.ndarray] = {}
+    for name, values in zip(columns, zip(*rows, strict=True), strict=True):
+        array = None
+        if name == "ds":
+            array = _iso_timestamps(values)
+        elif name != "unique_id":
+            with contextlib.suppress(ValueError, TypeError):
+                array = np.array(values, dtype=np.float64)
+        if array is None:
+            if not all(isinstance(v, _SCALARS) for v in values):
+                return None  # nested values: MLflow's parser decides what they mean
+            array = np.array(values, dtype=object)
+        out[name] = array
+    return FrameParts(out)
+
+
+def _iso_timestamps(values: tuple[Any, ...]) -> np.ndarray | None:
+    if all(isinstance(v, str) for v in values):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # numpy warns on time zones: leave those to the core
+                return np.array(values, dtype="datetime64[ns]")
+        except (ValueError, TypeError, Warning):
+            pass
+    return None
+
+
 def _decode(data: bytes) -> dict[str, Any]:
     try:
         decoded = json.loads(data)
@@ -137,14 +194,6 @@ def _quantiles_param(value: Any) -> list[float] | None:
     return [float(q) for q in value]
 
 
-def _render_mlflow(forecast: ItemForecast) -> bytes:
-    from mlflow.pyfunc.scoring_server import predictions_to_json
-
-    out = io.StringIO()
-    predictions_to_json(forecast_frame(forecast), out)
-    return out.getvalue().encode()
-
-
 @router.post(
     "/invocations",
     openapi_extra=_INVOCATIONS_BODY,
@@ -174,15 +223,24 @@ async def invocations(
         params = data.get("params") or {}
     horizon = resolve_horizon(served, _horizon_param(params.get("horizon")))
     quantiles = resolve_quantiles(served, _quantiles_param(params.get("quantiles")))
-    # The number of series is known after parsing; count the request as one until then.
+    # The number of series is known once parsed (in the inference thread); the batcher
+    # counts the request as one series.
     covariates = served.forecaster.model_config.covariates
+
+    def build() -> FrameParts:
+        if isinstance(data, dict) and not covariates:
+            parts = fast_split_parts(data)
+            if parts is not None:
+                return parts
+        return frame_parts(*split_future_rows(_parse(data, mime), covariates))
+
     item = OnlineItem(
         model=served,
         horizon=horizon,
         quantiles=quantiles,
         n_series=0,
-        build=lambda: _counted(item, split_future_rows(_parse(data, mime), covariates)),
-        render=_render_mlflow,
+        build=build,
+        render=render_mlflow,
     )
     content = await run_online(request, batcher, item, settings.request_timeout_s)
     return Response(content, media_type="application/json")
@@ -200,13 +258,6 @@ def split_future_rows(
     if not is_future.any():
         return frame, None
     return frame[~is_future].reset_index(drop=True), frame[is_future].reset_index(drop=True)
-
-
-def _counted(item: OnlineItem, frames: tuple[pd.DataFrame, pd.DataFrame | None]) -> FrameParts:
-    history = frames[0]
-    if "unique_id" in history.columns:
-        item.n_series = int(history["unique_id"].astype("str").nunique())
-    return frame_parts(*frames)
 
 
 @router.get("/ping", summary="MLflow health check: 200 when a model is loaded")

@@ -40,6 +40,19 @@ def test_dataframe_split_with_params(client, two_series, fitted):
     _check(response.json()["predictions"], fitted.predict(two_series, horizon=4, quantiles=[0.5]))
 
 
+def test_the_body_is_what_mlflow_writes(client, two_series, fitted):
+    """Byte for byte MLflow's `predictions_to_json` of the same forecast."""
+    from mlflow.pyfunc.scoring_server import predictions_to_json
+
+    response = client.post(
+        "/invocations", json={"dataframe_records": _records(two_series), "params": {"horizon": 3}}
+    )
+    want = fitted.predict(two_series, horizon=3)
+    buffer = io.StringIO()
+    predictions_to_json(want, buffer)
+    assert response.content.decode() == buffer.getvalue()
+
+
 def test_dataframe_records(client, two_series, fitted):
     response = client.post("/invocations", json={"dataframe_records": _records(two_series)})
     assert response.status_code == 200, response.text
@@ -83,6 +96,32 @@ def test_errors_in_mlflow_shape(client, body, needle):
     error = response.json()
     assert error["error_code"] == "BAD_REQUEST"
     assert needle in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (lambda rows: rows[3].__setitem__(2, "abc"), "'abc'"),
+        (lambda rows: rows[3].__setitem__(2, None), "NaN"),
+        (lambda rows: rows[3].__setitem__(1, "not a time"), "not a timestamp"),
+        (lambda rows: rows[3].__setitem__(2, [1, 2]), ""),
+    ],
+)
+def test_bad_values_in_split_name_the_series(client, two_series, change, needle):
+    rows = [[r["unique_id"], r["ds"], r["y"]] for r in _records(two_series)]
+    change(rows)
+    body = {"dataframe_split": {"columns": ["unique_id", "ds", "y"], "data": rows}}
+    response = client.post("/invocations", json=body)
+    assert response.status_code == 400, response.text
+    assert needle in response.json()["message"]
+
+
+def test_aware_timestamps_in_split(client, two_series, fitted):
+    rows = [[r["unique_id"], r["ds"] + "+00:00", r["y"]] for r in _records(two_series)]
+    body = {"dataframe_split": {"columns": ["unique_id", "ds", "y"], "data": rows}}
+    response = client.post("/invocations", json=body)
+    assert response.status_code == 200, response.text
+    _check(response.json()["predictions"], fitted.predict(two_series))
 
 
 def test_unsupported_content_type(client):

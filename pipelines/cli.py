@@ -159,9 +159,14 @@ def _print_table(evaluation) -> None:
 def train_command(args: argparse.Namespace) -> int:
     from pipelines.lock import pipeline_lock
     from pipelines.retrain import PipelineRun, load_data, train_and_register
+    from pipelines.tracking import tracking_errors
 
     settings = load_settings(args)
-    with pipeline_lock(settings.lock_file), PipelineRun(settings, "train") as run:
+    with (
+        pipeline_lock(settings.lock_file),
+        tracking_errors(settings.resolved_tracking_uri),
+        PipelineRun(settings, "train") as run,
+    ):
         data = load_data(settings, None)
         summary = train_and_register(settings, data, run)
     print(f"run       {summary.run_id}")
@@ -176,13 +181,14 @@ def evaluate_command(args: argparse.Namespace) -> int:
     from pipelines.ingest import ingest
     from pipelines.registry import load_forecaster
     from pipelines.retrain import PipelineRun
+    from pipelines.tracking import tracking_errors
 
     settings = load_settings(args)
     if settings.data is None:
         raise ForecasterInputError("evaluate: pass --data PATH (the series to backtest on)")
     model_uri = args.model or settings.champion_uri
     windows = args.windows or settings.backtest_windows
-    with PipelineRun(settings, "evaluate") as run:
+    with tracking_errors(settings.resolved_tracking_uri), PipelineRun(settings, "evaluate") as run:
         loaded = load_forecaster(model_uri, tracking_uri=run.uri, device=args.device)
         model = loaded.forecaster
         run.client.set_tag(run.run_id, "evaluated_model", loaded.ref.uri)

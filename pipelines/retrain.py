@@ -230,7 +230,11 @@ def retrain(
         TrackingUnavailableError: the tracking server cannot be reached (before any work).
         ForecasterInputError: the data is bad (the run is recorded as FAILED).
     """
-    with pipeline_lock(settings.lock_file), PipelineRun(settings, "retrain") as run:
+    with (
+        pipeline_lock(settings.lock_file),
+        tracking.tracking_errors(settings.resolved_tracking_uri),
+        PipelineRun(settings, "retrain") as run,
+    ):
         ingested = load_data(settings, data)
         summary = train_and_register(settings, ingested, run)
         decision = promote(

@@ -199,3 +199,98 @@ def test_retrain_twice_over_http_then_pyfunc_and_mlflow_serve(tmp_path):
         np.testing.assert_allclose(served["mean"], expected["mean"], rtol=1e-5)
         np.testing.assert_allclose(served["q0.9"], expected["q0.9"], rtol=1e-5)
         assert pd.to_datetime(served["ds"]).tolist() == expected["ds"].tolist()
+
+
+def test_tracking_server_lost_mid_training(tmp_path):
+    """The server dies while a retrain is training: the CLI exits with a clear error within
+    a bounded time, and once the server is back nothing was registered and no alias moved."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FORECASTER_", "MLFLOW_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    server_args = [
+        MLFLOW,
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--backend-store-uri",
+        f"sqlite:///{tmp_path / 'server.db'}",
+        "--artifacts-destination",
+        str(tmp_path / "server-artifacts"),
+        "--serve-artifacts",
+        "--workers",
+        "1",
+    ]
+    work = tmp_path / "work"
+    work.mkdir()
+    synthetic().to_csv(work / "data.csv", index=False)
+    quick = {**TRAIN, "max_epochs": 1}
+    slow = {
+        **TRAIN,
+        "max_epochs": 500,
+        "patience": 500,
+        "batch_size": 8,
+        "max_windows_per_epoch": 64,
+    }
+    (work / "quick.yaml").write_text(json.dumps({"model": TINY_MODEL, "train": quick}))
+    (work / "slow.yaml").write_text(json.dumps({"model": TINY_MODEL, "train": slow}))
+    cli_env = {
+        "MLFLOW_TRACKING_URI": uri,
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": "3",
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    }
+    with _process(server_args, cwd=tmp_path, env=env, log=tmp_path / "server.log") as server:
+        _wait_http(f"{uri}/health", server, tmp_path / "server.log")
+        first = run_cli(
+            "retrain", "--config", "quick.yaml", "--data", "data.csv", cwd=work, env=cli_env
+        )
+        assert first.returncode == 0, first.stderr
+        client = tracking.client(uri)
+        experiment = client.get_experiment_by_name("forecaster")
+        retrain = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pipelines.cli",
+                "retrain",
+                "--config",
+                "slow.yaml",
+                "--data",
+                "data.csv",
+            ],
+            cwd=work,
+            env={**env, **cli_env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 120
+        training = False
+        while time.monotonic() < deadline and not training and retrain.poll() is None:
+            runs = client.search_runs(
+                [experiment.experiment_id], filter_string="attributes.status = 'RUNNING'"
+            )
+            training = bool(runs) and bool(
+                client.get_metric_history(runs[0].info.run_id, "train_loss")
+            )
+            time.sleep(0.5)
+        assert training
+    # The server is gone now (the block stopped it).
+    lost = time.monotonic()
+    try:
+        _, stderr = retrain.communicate(timeout=90)
+    finally:
+        retrain.kill()
+    assert time.monotonic() - lost < 60
+    assert retrain.returncode == 4
+    assert stderr.strip().splitlines()[-1].startswith(f"error: MLflow tracking server at {uri}")
+
+    with _process(server_args, cwd=tmp_path, env=env, log=tmp_path / "server2.log") as server:
+        _wait_http(f"{uri}/health", server, tmp_path / "server2.log")
+        client = tracking.client(uri)
+        versions = client.search_model_versions("name='forecaster'")
+        assert [str(v.version) for v in versions] == ["1"]
+        aliases = client.get_registered_model("forecaster").aliases
+        assert {k: str(v) for k, v in aliases.items()} == {"champion": "1", "challenger": "1"}

@@ -144,16 +144,20 @@ class PipelineRun:
             mark_stale_runs(self.client, self.experiment_id)
         self._uri_context = tracking.tracking_uri_set(self.uri)
         self._uri_context.__enter__()
-        run = mlflow.start_run(
-            experiment_id=self.experiment_id,
-            run_name=self.run_name,
-            tags={
-                HOST_TAG: socket.gethostname(),
-                PID_TAG: str(os.getpid()),
-                KIND_TAG: self.kind,
-                "code_version": code_version(),
-            },
-        )
+        try:
+            run = mlflow.start_run(
+                experiment_id=self.experiment_id,
+                run_name=self.run_name,
+                tags={
+                    HOST_TAG: socket.gethostname(),
+                    PID_TAG: str(os.getpid()),
+                    KIND_TAG: self.kind,
+                    "code_version": code_version(),
+                },
+            )
+        except BaseException:
+            self._uri_context.__exit__(None, None, None)
+            raise
         self.run_id = run.info.run_id
         logger.info(
             "MLflow run %s in experiment %r at %s", self.run_id, self.settings.experiment, self.uri
@@ -172,9 +176,15 @@ class PipelineRun:
                     mlflow.end_run(
                         RunStatus.to_string(RunStatus.KILLED if killed else RunStatus.FAILED)
                     )
-        except Exception:
+        except Exception as failure:
             # The server may be what failed; never hide the original error behind this one.
-            logger.warning("could not mark run %s as ended", self.run_id, exc_info=True)
+            first_line = str(failure).strip().splitlines()[0] if str(failure).strip() else ""
+            logger.warning(
+                "could not mark run %s as ended: %s: %s",
+                self.run_id,
+                type(failure).__name__,
+                first_line[:300],
+            )
         finally:
             self._uri_context.__exit__(None, None, None)
 

@@ -510,22 +510,58 @@ def process_job(ctx: JobContext) -> None:
     n_parts = max(
         1, min(MAX_PARTITIONS, math.ceil(job.input_bytes * expansion / ctx.partition_bytes))
     )
+    mode_file = files.dir / "mode"
     if n_parts == 1:
-        sources: list[Callable[[], pa.Table]] = [
-            lambda: _unify(list(iter_input(input_path, job.input_format, columns)))
-        ]
-        rows_total = None
+        # Small enough to hold at once: one part.
+        n_done = _run_sources(
+            ctx,
+            iter([lambda: _unify(list(iter_input(input_path, job.input_format, columns)))]),
+            _count_rows(input_path, job.input_format),
+        )
     else:
-        rows_total = _partition(input_path, job.input_format, columns, files.partitions, n_parts)
-        sources = [
-            (lambda p=p: pq.read_table(files.partitions / f"{p:05d}.parquet"))
-            for p in range(n_parts)
-        ]
+        mode = mode_file.read_text() if mode_file.exists() else "stream"
+        n_done = None
+        if mode == "stream":
+            # Rows grouped by series (as most files are): one streaming pass, chunk by chunk.
+            try:
+                chunks = _grouped_chunks(input_path, job.input_format, columns, ctx.chunk_series)
+                n_done = _run_sources(
+                    ctx, (lambda t=t: t for t in chunks), _count_rows(input_path, job.input_format)
+                )
+            except _NotGrouped:
+                logger.info("job %s: rows are not grouped by series; partitioning", job.id)
+                mode_file.write_text("partition")
+                shutil.rmtree(files.parts, ignore_errors=True)
+                files.parts.mkdir(parents=True)
+        if n_done is None:
+            rows_total = _partition(
+                input_path, job.input_format, columns, files.partitions, n_parts
+            )
+            n_done = _run_sources(
+                ctx,
+                (
+                    (lambda p=p: pq.read_table(files.partitions / f"{p:05d}.parquet"))
+                    for p in range(n_parts)
+                ),
+                rows_total,
+            )
+    _assemble(files, n_done, job.output_format)
+    shutil.rmtree(files.partitions, ignore_errors=True)
+    shutil.rmtree(files.parts, ignore_errors=True)
+
+
+def _run_sources(
+    ctx: JobContext, sources: Iterator[Callable[[], pa.Table]], rows_total: int | None
+) -> int:
+    """Forecast each source table into its own part; parts already written are kept (resume).
+    Returns the number of parts."""
+    files = ctx.files
     if rows_total is not None:
         ctx.report(rows_total=rows_total)
-
     rows_done = series_done = 0
+    count = 0
     for p, load in enumerate(sources):
+        count += 1
         part = files.parts / f"{p:05d}.parquet"
         meta = files.parts / f"{p:05d}.json"
         if part.exists() and meta.exists():
@@ -536,18 +572,77 @@ def process_job(ctx: JobContext) -> None:
         if ctx.stopping.is_set():
             raise JobStopped("service stopping")
         table = load()
-        if rows_total is None:
-            rows_total = table.num_rows
-            ctx.report(rows_total=rows_total)
         rows, series = _forecast_partition(ctx, table, part, rows_done, series_done)
         meta.write_text(json.dumps({"rows": rows, "series": series}))
         rows_done += rows
         series_done += series
         if not ctx.report(rows_done=rows_done, series_done=series_done):
             raise JobStopped("job cancelled or taken over")
-    _assemble(files, len(sources), job.output_format)
-    shutil.rmtree(files.partitions, ignore_errors=True)
-    shutil.rmtree(files.parts, ignore_errors=True)
+    if rows_total is None or rows_total != rows_done:
+        ctx.report(rows_total=rows_done)
+    return count
+
+
+class _NotGrouped(Exception):
+    """A series' rows are not contiguous in the input."""
+
+
+def _grouped_chunks(
+    path: Path, fmt: str, columns: list[str], chunk_series: int
+) -> Iterator[pa.Table]:
+    """Tables of `chunk_series` whole series each, streamed from an input whose rows are grouped
+    by series; raises _NotGrouped as soon as a series shows up again after others.
+
+    Memory: one chunk plus one input batch. Chunk k is the same on every pass over the same
+    file, which is what lets a resumed job skip the chunks it has written.
+    """
+    seen: set[int] = set()  # hashes of the series whose rows are complete
+    open_hash: int | None = None  # the series the last batch ended in
+    pending: list[pa.RecordBatch] = []
+    pending_rows = 0
+    starts: list[int] = []  # row offsets in `pending` where a series begins
+    for batch in iter_input(path, fmt, columns):
+        if batch.num_rows == 0:
+            continue
+        ids = batch.column("unique_id").to_numpy(zero_copy_only=False).astype(object)
+        hashes = pd.util.hash_array(ids)
+        group_starts = np.r_[0, np.flatnonzero(hashes[1:] != hashes[:-1]) + 1]
+        group_hashes = hashes[group_starts].tolist()
+        continues = open_hash is not None and group_hashes[0] == open_hash
+        if open_hash is not None and not continues:
+            seen.add(open_hash)
+        new = group_hashes[1:] if continues else group_hashes
+        if len(set(new)) != len(new) or not seen.isdisjoint(new):
+            raise _NotGrouped
+        seen.update(group_hashes[:-1])
+        open_hash = group_hashes[-1]
+        offsets = group_starts[1:] if continues else group_starts
+        starts.extend((offsets + pending_rows).tolist())
+        pending.append(batch)
+        pending_rows += batch.num_rows
+        while len(starts) - 1 >= chunk_series:  # the last series may go on in the next batch
+            end = starts[chunk_series]
+            table = _unify(pending)
+            yield table.slice(0, end)
+            rest = table.slice(end)
+            pending, pending_rows = rest.to_batches(), rest.num_rows
+            starts = [s - end for s in starts[chunk_series:]]
+    if pending_rows:
+        yield _unify(pending)
+
+
+def _count_rows(path: Path, fmt: str) -> int | None:
+    """Rows of the input for progress: Parquet's footer, or the CSV's lines."""
+    try:
+        if fmt == "parquet":
+            return int(pq.ParquetFile(path).metadata.num_rows)
+        lines = 0
+        with open(path, "rb") as f:
+            while block := f.read(1 << 24):
+                lines += block.count(b"\n")
+        return max(0, lines - 1)
+    except (OSError, pa.ArrowException):
+        return None
 
 
 def _partition(path: Path, fmt: str, columns: list[str], out_dir: Path, n_parts: int) -> int:

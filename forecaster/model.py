@@ -64,8 +64,42 @@ class PatchTransformer(nn.Module):
             c.n_decoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout, c.attention_dropout
         )
         self.point_head = nn.Linear(c.d_model, c.decoder_patch_length)
+        self.linear_skip = (
+            nn.Linear(c.context_length, c.prediction_length) if c.linear_skip else None
+        )
         n_q = len(c.quantiles)
         self.quantile_head = nn.Linear(c.d_model, c.decoder_patch_length * n_q) if n_q else None
+
+    @torch.no_grad()
+    def fit_linear_skip(
+        self, past_values: torch.Tensor, future_values: torch.Tensor, ridge: float = 1e-2
+    ) -> None:
+        """Start from the least-squares linear forecast: ridge-fit the skip, zero the heads.
+
+        past_values (W, L) and future_values (W, H) are training windows in the series' scale;
+        they are normalised as the forward pass normalises them. The Transformer then begins
+        at the best linear fit (DLinear's) and learns only what it misses.
+        """
+        assert self.linear_skip is not None, "config.linear_skip is off"
+        if self.revin is not None:
+            normalized, stats = self.revin.normalize(past_values)
+            target = (future_values - stats.mean) / stats.std
+            target = target * self.revin.weight + self.revin.bias
+        else:
+            normalized, target = past_values, future_values
+        design = torch.cat(
+            [normalized, torch.ones_like(normalized[:, :1])], dim=1
+        ).double()  # (W, L + 1)
+        gram = design.T @ design + ridge * len(design) * torch.eye(
+            design.shape[1], dtype=torch.float64
+        )
+        solution = torch.linalg.solve(gram, design.T @ target.double())  # (L + 1, H)
+        self.linear_skip.weight.copy_(solution[:-1].T)
+        self.linear_skip.bias.copy_(solution[-1])
+        for head in (self.point_head, self.quantile_head):
+            if head is not None:
+                nn.init.zeros_(head.weight)
+                nn.init.zeros_(head.bias)
 
     def _patch(self, x: torch.Tensor) -> torch.Tensor:
         """(B, L, C) -> (B, N, P * C): end-pad by repeating the last step S times, then unfold."""
@@ -136,12 +170,17 @@ class PatchTransformer(nn.Module):
         h = c.prediction_length
         # (B, M, P_dec) -> (B, M * P_dec) -> (B, H)
         mean = self.point_head(decoded.hidden).reshape(batch, -1)[:, :h]
+        if self.linear_skip is not None:
+            skip = self.linear_skip(past_values)  # (B, H), from the normalised context
+            mean = mean + skip
         quantiles = None
         if self.quantile_head is not None:
             # (B, M, P_dec * Q) -> (B, M * P_dec, Q) -> (B, H, Q)
             quantiles = self.quantile_head(decoded.hidden).reshape(batch, -1, len(c.quantiles))[
                 :, :h
             ]
+            if self.linear_skip is not None:
+                quantiles = quantiles + skip.unsqueeze(-1)
             # Sorting keeps quantiles from crossing without constraining what the head learns.
             quantiles = quantiles.sort(dim=-1).values
         if stats is not None:
@@ -167,18 +206,23 @@ def pinball_loss(
     return torch.maximum(quantiles * error, (quantiles - 1) * error).mean()
 
 
+def point_loss(output: ModelOutput, target: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+    """Loss of the point forecast under config.loss (pinball: the median's absolute error / 2)."""
+    if config.loss == "mse":
+        return F.mse_loss(output.mean, target)
+    if config.loss == "huber":
+        return F.huber_loss(output.mean, target, delta=1.0)
+    loss = F.l1_loss(output.mean, target)
+    return loss / 2 if config.loss == "pinball" else loss
+
+
 def forecast_loss(output: ModelOutput, target: torch.Tensor, config: ModelConfig) -> torch.Tensor:
     """The training objective: point loss (config.loss) plus weighted pinball on the quantiles."""
-    if config.loss == "pinball":
-        point = torch.zeros((), device=target.device)
-    elif config.loss == "mse":
-        point = F.mse_loss(output.mean, target)
-    elif config.loss == "mae":
-        point = F.l1_loss(output.mean, target)
-    else:
-        point = F.huber_loss(output.mean, target, delta=1.0)
     if output.quantiles is None:
-        return point
+        return point_loss(output, target, config)
     q = torch.tensor(config.quantiles, device=target.device, dtype=output.quantiles.dtype)
-    weight = 1.0 if config.loss == "pinball" else config.quantile_loss_weight
-    return point + weight * pinball_loss(output.quantiles, target, q)
+    if config.loss == "pinball":
+        return pinball_loss(output.quantiles, target, q)
+    return point_loss(output, target, config) + config.quantile_loss_weight * pinball_loss(
+        output.quantiles, target, q
+    )

@@ -24,10 +24,13 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from forecaster.config import ModelConfig, TrainConfig
-from forecaster.model import PatchTransformer, forecast_loss
+from forecaster.model import PatchTransformer, forecast_loss, point_loss
 from forecaster.windows import SeriesPanel, gather_windows
 
 logger = logging.getLogger(__name__)
+
+# Windows used for the least-squares start of the linear skip (evenly spaced).
+LINEAR_INIT_WINDOWS = 50_000
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,10 @@ def train_model(
 
     world, device = _setup_distributed(resolve_device(config.device))
     seed_everything(config.seed)
+    if model.linear_skip is not None:
+        init_starts = _evenly_spaced(train_starts, LINEAR_INIT_WINDOWS)
+        init = gather_windows(train_panel, init_starts, mc.context_length, mc.prediction_length)
+        model.fit_linear_skip(init.past_values, init.future_values)
     model.to(device)
     train_module: nn.Module = model
     if world.enabled:
@@ -167,6 +174,10 @@ def train_model(
 
     history: list[EpochLog] = []
     best_loss, best_epoch, best_state = math.inf, 0, None
+    if len(val_starts):
+        # Epoch 0 is a candidate: training must beat the initial (linear) fit to replace it.
+        best_loss = evaluate_loss(model, val_panel, val_starts, config, device, world)
+        best_state = copy.deepcopy({k: v.detach().cpu() for k, v in model.state_dict().items()})
     epochs_without_improvement = 0
     started = time.perf_counter()
     stopped_early = False
@@ -273,7 +284,11 @@ def evaluate_loss(
     device: torch.device,
     world: _Distributed | None = None,
 ) -> float:
-    """Mean training objective over the given windows (sharded across ranks under DDP)."""
+    """Mean point-forecast loss over the given windows (sharded across ranks under DDP).
+
+    Early stopping watches the point forecast alone: the quantile term of the objective keeps
+    falling while the intervals widen, which would hide a point forecast getting worse.
+    """
     world = world or _Distributed()
     mc = model.config
     model.eval()
@@ -284,7 +299,7 @@ def evaluate_loss(
         chunk = shard[begin : begin + batch_size]
         batch = gather_windows(panel, chunk, mc.context_length, mc.prediction_length).to(device)
         output, _ = model(batch.past_values, batch.past_covariates, batch.future_covariates)
-        total[0] += forecast_loss(output, batch.future_values, mc).double() * len(chunk)
+        total[0] += point_loss(output, batch.future_values, mc).double() * len(chunk)
         total[1] += len(chunk)
     if world.enabled:
         dist.all_reduce(total)

@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 
 from forecaster.config import ModelConfig
-from forecaster.features import calendar_features
+from forecaster.features import CALENDAR_FEATURES, calendar_features
 from forecaster.scaling import SeriesScaler
 
 
@@ -56,7 +56,8 @@ def covariate_matrix(frame: pd.DataFrame, config: ModelConfig) -> np.ndarray:
     """(T, F) float32: calendar features of `ds`, then the configured covariate columns."""
     parts = []
     if config.calendar_features:
-        parts.append(calendar_features(frame["ds"]))
+        columns = [CALENDAR_FEATURES.index(name) for name in config.calendar_features]
+        parts.append(calendar_features(frame["ds"])[:, columns])
     if config.covariates:
         parts.append(frame[list(config.covariates)].to_numpy(dtype=np.float32))
     if not parts:

@@ -1,0 +1,222 @@
+"""Long-term forecasting benchmark (ETTh1 protocol) for the patch Transformer.
+
+    python -m benchmarks.ltsf --data ../shared/data/ETTh1.csv --json benchmarks/results/etth1.json
+
+Protocol of the long-term forecasting literature (Informer, Autoformer, PatchTST, DLinear):
+- ETTh borders: train rows [0, 8640), validation [8640 - L, 11520), test [11520 - L, 14400)
+  (ETTm: the same months at 4 rows per hour; any other CSV: 70 / 10 / 20 % by time);
+- a StandardScaler fitted on the training rows only, every variable, channel-independent;
+- stride-1 windows, every test window scored (no dropped last batch);
+- MSE and MAE on the scaled data, averaged over variables, horizon steps and windows.
+
+Data credit: ETT dataset (Zhou et al., Informer, AAAI 2021), CC BY-ND 4.0, read from
+`../shared/data/`; no copy is kept in this repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from sklearn.preprocessing import StandardScaler
+
+from forecaster import Forecaster, ModelConfig, TrainConfig
+from forecaster.data import wide_to_long
+
+HORIZONS = (96, 192, 336, 720)
+# Published test MSE on ETTh1 for reference (see README for sources).
+ANCHORS = {
+    "PatchTST/42, re-run with every test window": {96: 0.385, 192: 0.413, 336: 0.440, 720: 0.456},
+    "PatchTST/64 as published": {96: 0.370, 192: 0.413, 336: 0.422, 720: 0.447},
+    "DLinear (L=336)": {96: 0.375, 192: 0.405, 336: 0.439, 720: 0.472},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Borders:
+    train_end: int
+    val_end: int
+    test_end: int
+
+
+def borders_for(path: Path, n_rows: int) -> Borders:
+    """The standard split: ETT's fixed months, else 70 / 10 / 20 % by time."""
+    name = path.name.lower()
+    hours = 30 * 24
+    if name.startswith("etth"):
+        return Borders(12 * hours, 16 * hours, 20 * hours)
+    if name.startswith("ettm"):
+        return Borders(12 * hours * 4, 16 * hours * 4, 20 * hours * 4)
+    train_end = int(n_rows * 0.7)
+    test_start = n_rows - int(n_rows * 0.2)
+    return Borders(train_end, test_start, n_rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class Splits:
+    train: pd.DataFrame
+    val: pd.DataFrame
+    test: pd.DataFrame
+    n_test_windows: int  # per variable
+
+
+def load_splits(path: Path, lookback: int, horizon: int) -> Splits:
+    wide = pd.read_csv(path)
+    time_column = wide.columns[0]
+    values = wide.drop(columns=[time_column]).astype("float64")
+    b = borders_for(path, len(wide))
+    scaler = StandardScaler().fit(values.iloc[: b.train_end].to_numpy())
+    scaled = pd.DataFrame(scaler.transform(values.to_numpy()), columns=values.columns)
+    scaled.insert(0, time_column, pd.to_datetime(wide[time_column]))
+
+    def part(start: int, end: int) -> pd.DataFrame:
+        return wide_to_long(scaled.iloc[start:end].reset_index(drop=True), time_column=time_column)
+
+    return Splits(
+        train=part(0, b.train_end),
+        val=part(b.train_end - lookback, b.val_end),
+        test=part(b.val_end - lookback, b.test_end),
+        n_test_windows=b.test_end - b.val_end - horizon + 1,
+    )
+
+
+def run_one(
+    data: Path, horizon: int, lookback: int, seed: int, device: str, overrides: dict
+) -> dict[str, object]:
+    splits = load_splits(data, lookback, horizon)
+    model_config = ModelConfig(
+        **{**overrides.get("model", {}), "context_length": lookback, "prediction_length": horizon}
+    )
+    train_config = TrainConfig(**{**overrides.get("train", {}), "seed": seed, "device": device})
+    forecaster = Forecaster(model_config, train_config)
+    started = time.perf_counter()
+    forecaster.fit(splits.train, val_df=splits.val)
+    train_seconds = time.perf_counter() - started
+    windows = forecaster.forecast_windows(splits.test)
+    n_vars = splits.test["unique_id"].nunique()
+    assert len(windows.mean) == splits.n_test_windows * n_vars, "every test window must be scored"
+    error = windows.mean - windows.target
+    result = forecaster.train_result
+    return {
+        "dataset": data.stem,
+        "horizon": horizon,
+        "lookback": lookback,
+        "seed": seed,
+        "mse": float(np.mean(error**2)),
+        "mae": float(np.mean(np.abs(error))),
+        "test_windows": splits.n_test_windows,
+        "train_seconds": round(train_seconds, 1),
+        "epochs": len(result.epochs),
+        "best_epoch": result.best_epoch,
+        "best_val_loss": result.best_val_loss,
+        "parameters": sum(p.numel() for p in forecaster.model.parameters()),
+        "device": result.device
+        if result.device != "cpu"
+        else f"cpu ({torch.get_num_threads()} threads, {platform.processor() or platform.machine()})",
+    }
+
+
+def print_table(results: list[dict[str, object]]) -> None:
+    by_horizon: dict[int, list[dict]] = {}
+    for r in results:
+        by_horizon.setdefault(int(r["horizon"]), []).append(r)
+    horizons = sorted(by_horizon)
+    header = "| model | " + " | ".join(str(h) for h in horizons) + " |"
+    print(header)
+    print("|---" * (len(horizons) + 1) + "|")
+
+    def ours(h: int) -> str:
+        mses = [float(r["mse"]) for r in by_horizon[h]]
+        if len(mses) == 1:
+            return f"{mses[0]:.3f}"
+        return f"{statistics.mean(mses):.3f} ± {statistics.stdev(mses):.3f} (n={len(mses)})"
+
+    lookback = results[0]["lookback"]
+    print(f"| ours (L={lookback}), MSE | " + " | ".join(ours(h) for h in horizons) + " |")
+    print(
+        "| ours, MAE | "
+        + " | ".join(
+            f"{statistics.mean(float(r['mae']) for r in by_horizon[h]):.3f}" for h in horizons
+        )
+        + " |"
+    )
+    for name, row in ANCHORS.items():
+        print(
+            f"| {name} | "
+            + " | ".join(f"{row[h]:.3f}" if h in row else "-" for h in horizons)
+            + " |"
+        )
+    print()
+    print("| horizon | seed | MSE | MAE | parameters | epochs (best) | train s | device |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        print(
+            f"| {r['horizon']} | {r['seed']} | {r['mse']:.4f} | {r['mae']:.4f} | {r['parameters']:,} "
+            f"| {r['epochs']} ({r['best_epoch']}) | {r['train_seconds']} | {r['device']} |"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--data", type=Path, required=True, help="CSV: a date column then numeric columns"
+    )
+    parser.add_argument(
+        "--horizon", type=int, action="append", help="repeatable; default 96 192 336 720"
+    )
+    parser.add_argument("--lookback", type=int, default=ModelConfig().context_length)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one run per seed")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="model.FIELD=VALUE",
+        help="override a ModelConfig/TrainConfig field, e.g. model.d_model=32 or train.max_epochs=5",
+    )
+    args = parser.parse_args(argv)
+    if not args.data.is_file():
+        print(f"error: --data {args.data}: no such file", file=sys.stderr)
+        return 2
+    overrides: dict[str, dict] = {"model": {}, "train": {}}
+    for item in args.set:
+        key, _, raw = item.partition("=")
+        section, _, name = key.partition(".")
+        if section not in overrides or not name:
+            print(
+                f"error: --set {item}: expected model.FIELD=VALUE or train.FIELD=VALUE",
+                file=sys.stderr,
+            )
+            return 2
+        try:
+            overrides[section][name] = json.loads(raw)
+        except json.JSONDecodeError:
+            overrides[section][name] = raw  # a bare string such as model.loss=mae
+
+    results = []
+    for horizon in args.horizon or HORIZONS:
+        for seed in args.seeds:
+            result = run_one(args.data, horizon, args.lookback, seed, args.device, overrides)
+            print(json.dumps(result), file=sys.stderr, flush=True)
+            results.append(result)
+    print_table(results)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"results": results, "overrides": overrides}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

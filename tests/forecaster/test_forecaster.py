@@ -1,0 +1,169 @@
+"""The high-level Forecaster API: fit, predict, persistence, attention, errors."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from forecaster import Forecaster, ModelConfig, TrainConfig
+from forecaster.errors import (
+    HorizonTooLongError,
+    MissingCovariatesError,
+    SeriesTooShortError,
+    UnknownQuantileError,
+)
+from forecaster.synthetic import PROMO, generate_synthetic
+from tests.forecaster.conftest import TINY_MODEL, TINY_TRAIN
+
+
+def test_predict_returns_long_frame_with_quantiles(fitted, series):
+    forecast = fitted.predict(series)
+    assert list(forecast.columns) == ["unique_id", "ds", "mean", "q0.1", "q0.5", "q0.9"]
+    assert len(forecast) == series["unique_id"].nunique() * 8
+    last = series.groupby("unique_id")["ds"].max()
+    first_forecast = forecast.groupby("unique_id")["ds"].min()
+    assert (first_forecast - last[first_forecast.index] == pd.Timedelta(hours=1)).all()
+    assert np.isfinite(forecast[["mean", "q0.1", "q0.5", "q0.9"]].to_numpy()).all()
+    assert (forecast["q0.1"] <= forecast["q0.9"]).all()
+
+
+def test_predict_shorter_horizon_and_subset_of_quantiles(fitted, series):
+    full = fitted.predict(series)
+    short = fitted.predict(series, horizon=3, quantiles=[0.9])
+    assert list(short.columns) == ["unique_id", "ds", "mean", "q0.9"]
+    assert short.groupby("unique_id").size().eq(3).all()
+    head = full.groupby("unique_id").head(3).reset_index(drop=True)
+    np.testing.assert_array_equal(short["mean"].to_numpy(), head["mean"].to_numpy())
+
+
+def test_model_beats_naive_on_seasonal_data(series):
+    history = series.groupby("unique_id").head(24 * 12)
+    future = series.groupby("unique_id").tail(24 * 2).groupby("unique_id").head(8)
+    model = Forecaster(
+        ModelConfig(**TINY_MODEL), TrainConfig(**{**TINY_TRAIN, "max_epochs": 4})
+    ).fit(history)
+    forecast = model.predict(history).merge(future, on=["unique_id", "ds"])
+    last = history.groupby("unique_id")["y"].last()
+    naive = forecast["unique_id"].map(last)
+    model_mae = (forecast["mean"] - forecast["y"]).abs().mean()
+    naive_mae = (naive - forecast["y"]).abs().mean()
+    assert model_mae < naive_mae
+
+
+def test_save_load_predicts_bit_identically(fitted, series, tmp_path):
+    fitted.save(tmp_path / "model")
+    assert sorted(p.name for p in (tmp_path / "model").iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "scaler.json",
+    ]
+    reloaded = Forecaster.load(tmp_path / "model")
+    pd.testing.assert_frame_equal(
+        reloaded.predict(series), fitted.predict(series), check_exact=True
+    )
+    assert reloaded.freq == "h"
+    assert (
+        json.loads((tmp_path / "model" / "config.json").read_text())["model_config"][
+            "context_length"
+        ]
+        == 32
+    )
+
+
+def test_load_never_unpickles(fitted, tmp_path, monkeypatch):
+    import pickle
+
+    fitted.save(tmp_path / "model")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("load must not unpickle")
+
+    monkeypatch.setattr(pickle, "load", refuse)
+    monkeypatch.setattr(pickle, "loads", refuse)
+    monkeypatch.setattr(torch, "load", refuse)
+    Forecaster.load(tmp_path / "model")
+
+
+def test_batched_inference_one_forward_per_batch(series):
+    model = Forecaster(
+        ModelConfig(**TINY_MODEL),
+        TrainConfig(**{**TINY_TRAIN, "max_epochs": 1, "predict_batch_size": 3}),
+    )
+    model.fit(series)
+    many = generate_synthetic(n_series=10, n_steps=40, seed=3)
+    calls = []
+    handle = model.model.register_forward_hook(
+        lambda module, args, output: calls.append(args[0].shape[0])
+    )
+    try:
+        forecast = model.predict(many)
+    finally:
+        handle.remove()
+    assert calls == [3, 3, 3, 1]
+    assert forecast["unique_id"].nunique() == 10
+
+
+def test_new_series_forecast_scales_with_input(fitted, series):
+    """A series unseen in training is scaled by its own history (RevIN makes this exact)."""
+    one = series[series["unique_id"] == series["unique_id"].iloc[0]].copy()
+    one["unique_id"] = "never-seen"
+    base = fitted.predict(one)["mean"].to_numpy()
+    one["y"] = one["y"] * 3.0 + 7.0
+    np.testing.assert_allclose(
+        fitted.predict(one)["mean"].to_numpy(), base * 3.0 + 7.0, rtol=1e-4, atol=1e-3
+    )
+
+
+def test_input_errors_name_field_and_series(fitted, series):
+    with pytest.raises(HorizonTooLongError, match="horizon: expected an integer between 1 and 8"):
+        fitted.predict(series, horizon=9)
+    with pytest.raises(UnknownQuantileError, match=r"expected a subset of \[0.1, 0.5, 0.9\]"):
+        fitted.predict(series, quantiles=[0.25])
+    short = series.groupby("unique_id").tail(10)
+    with pytest.raises(SeriesTooShortError) as error:
+        fitted.predict(short)
+    assert error.value.series_id is not None
+
+
+def test_known_future_covariate_is_required_and_used():
+    data = generate_synthetic(n_series=3, n_steps=24 * 10, seed=1, with_covariates=True)
+    history = data.groupby("unique_id").head(24 * 9)
+    future = data.groupby("unique_id").tail(24).groupby("unique_id").head(8)
+    # Without the linear start, so that the Transformer path (the only one that sees the
+    # future covariate) carries the forecast after a few epochs.
+    config = ModelConfig(**{**TINY_MODEL, "covariates": (PROMO,), "linear_skip": False})
+    model = Forecaster(
+        config, TrainConfig(**{**TINY_TRAIN, "max_epochs": 3, "learning_rate": 1e-2})
+    ).fit(history)
+    with pytest.raises(MissingCovariatesError):
+        model.predict(history)
+    forecast = model.predict(history, future_df=future.drop(columns=["y"]))
+    flipped = future.assign(**{PROMO: 1.0 - future[PROMO]}).drop(columns=["y"])
+    assert np.abs(forecast["mean"] - model.predict(history, future_df=flipped)["mean"]).max() > 1e-3
+
+
+def test_attention_maps_have_token_shapes_and_rows_sum_to_one(fitted, series):
+    maps = fitted.attention(series)
+    config = fitted.model_config
+    s, n, m = series["unique_id"].nunique(), config.n_patches, config.n_horizon_tokens
+    assert maps.encoder[0].shape == (s, config.n_heads, n, n)
+    assert maps.decoder_self[0].shape == (s, config.n_heads, m, m)
+    assert maps.cross[0].shape == (s, config.n_heads, m, n)
+    np.testing.assert_allclose(maps.cross[0].sum(-1), 1.0, atol=1e-5)
+    assert np.all(np.triu(maps.decoder_self[0], k=1) == 0)
+
+
+def test_backtest_scores_rolling_windows(fitted, series):
+    result = fitted.backtest(series, n_windows=2)
+    assert result.n_windows == 2
+    assert {"mae", "mse", "mase", "smape"} <= set(result.metrics)
+    assert result.forecasts["cutoff"].nunique() == 2
+
+
+def test_forecast_windows_scores_every_window(fitted, series):
+    windows = fitted.forecast_windows(series)
+    per_series = 24 * 14 - (32 + 8) + 1
+    assert windows.mean.shape == (4 * per_series, 8)
+    assert windows.target.shape == windows.mean.shape

@@ -1,0 +1,97 @@
+"""The training loop: determinism, early stopping, callbacks, distributed data parallel."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from forecaster import EpochLog, Forecaster, ModelConfig, TrainConfig
+from forecaster.training import resolve_device
+from tests.forecaster.conftest import TINY_MODEL, TINY_TRAIN
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_training_is_deterministic_on_cpu(series):
+    def weights():
+        model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN)).fit(series)
+        return model.model.state_dict()
+
+    first, second = weights(), weights()
+    for name, tensor in first.items():
+        assert torch.equal(tensor, second[name]), name
+
+
+def test_callback_sees_every_epoch_and_best_weights_are_kept(series):
+    logs: list[EpochLog] = []
+    config = TrainConfig(**{**TINY_TRAIN, "max_epochs": 3, "patience": 3})
+    model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series, callbacks=[logs.append])
+    assert [log.epoch for log in logs] == [1, 2, 3]
+    assert all(log.val_loss is not None and log.train_loss > 0 for log in logs)
+    result = model.train_result
+    best = min([result.best_val_loss])
+    assert best <= min(log.val_loss for log in logs) + 1e-12
+    assert result.best_epoch == 0 or logs[result.best_epoch - 1].is_best
+
+
+def test_early_stopping_ends_before_max_epochs(series):
+    # A learning rate this high makes validation loss worse after the linear start.
+    config = TrainConfig(**{**TINY_TRAIN, "max_epochs": 20, "patience": 1, "learning_rate": 0.5})
+    model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
+    assert model.train_result.stopped_early
+    assert len(model.train_result.epochs) < 20
+
+
+def test_device_auto_picks_cuda_only_when_available():
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+    assert resolve_device("cpu").type == "cpu"
+
+
+WORKER = """
+import sys
+from pathlib import Path
+import torch.distributed as dist
+from safetensors.torch import save_file
+from forecaster import Forecaster, ModelConfig, TrainConfig
+from forecaster.synthetic import generate_synthetic
+from tests.forecaster.conftest import TINY_MODEL, TINY_TRAIN
+
+out = Path(sys.argv[1])
+model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN))
+model.fit(generate_synthetic(n_series=4, n_steps=24 * 10, seed=0))
+rank = dist.get_rank()
+save_file({k: v.contiguous() for k, v in model.model.state_dict().items()}, out / f"rank{rank}.safetensors")
+(out / f"rank{rank}.world").write_text(str(model.train_result.world_size))
+"""
+
+
+@pytest.mark.slow
+def test_two_process_gloo_training_keeps_weights_synchronised(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(script),
+        str(tmp_path),
+    ]
+    completed = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert (tmp_path / "rank0.world").read_text() == "2"
+    rank0, rank1 = (
+        load_file(tmp_path / "rank0.safetensors"),
+        load_file(tmp_path / "rank1.safetensors"),
+    )
+    for name, tensor in rank0.items():
+        assert torch.equal(tensor, rank1[name]), f"{name} differs between ranks"

@@ -20,7 +20,7 @@ $(BIN)/.installed: pyproject.toml
 venv: $(BIN)/.installed
 
 demo: venv
-	$(BIN)/python -m forecaster.demo
+	$(BIN)/python -m service.demo
 
 test: venv
 	$(BIN)/ruff check .

@@ -96,10 +96,17 @@ class PatchTransformer(nn.Module):
         solution = torch.linalg.solve(gram, design.T @ target.double())  # (L + 1, H)
         self.linear_skip.weight.copy_(solution[:-1].T)
         self.linear_skip.bias.copy_(solution[-1])
-        for head in (self.point_head, self.quantile_head):
-            if head is not None:
-                nn.init.zeros_(head.weight)
-                nn.init.zeros_(head.bias)
+        nn.init.zeros_(self.point_head.weight)
+        nn.init.zeros_(self.point_head.bias)
+        if self.quantile_head is not None:
+            # Start the intervals at the linear fit's residual quantiles, not at zero width.
+            residuals = (target.double() - design @ solution).flatten()  # (W * H,)
+            residuals = residuals[torch.randperm(len(residuals))[:1_000_000]]
+            levels = torch.tensor(self.config.quantiles, dtype=torch.float64)
+            offsets = torch.quantile(residuals, levels).float()  # (Q,)
+            nn.init.zeros_(self.quantile_head.weight)
+            # The head's outputs are laid out (P_dec, Q), quantile fastest.
+            self.quantile_head.bias.copy_(offsets.repeat(self.config.decoder_patch_length))
 
     def _patch(self, x: torch.Tensor) -> torch.Tensor:
         """(B, L, C) -> (B, N, P * C): end-pad by repeating the last step S times, then unfold."""

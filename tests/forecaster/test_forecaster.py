@@ -167,3 +167,14 @@ def test_forecast_windows_scores_every_window(fitted, series):
     per_series = 24 * 14 - (32 + 8) + 1
     assert windows.mean.shape == (4 * per_series, 8)
     assert windows.target.shape == windows.mean.shape
+
+
+def test_intervals_cover_held_out_points(series):
+    """The quantile band starts at the linear fit's residual spread, so it is never degenerate."""
+    history = series.groupby("unique_id").head(24 * 12)
+    future = series.groupby("unique_id").tail(24 * 2).groupby("unique_id").head(8)
+    model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**{**TINY_TRAIN, "max_epochs": 1}))
+    forecast = model.fit(history).predict(history).merge(future, on=["unique_id", "ds"])
+    inside = (forecast["q0.1"] <= forecast["y"]) & (forecast["y"] <= forecast["q0.9"])
+    assert (forecast["q0.9"] - forecast["q0.1"]).min() > 0
+    assert 0.4 <= inside.mean() <= 1.0

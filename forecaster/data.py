@@ -7,6 +7,7 @@ column (channel independence), `unique_id` being the column name.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -224,3 +225,20 @@ def time_split(
         val=frame[val].reset_index(drop=True),
         test=frame[test].reset_index(drop=True),
     )
+
+
+def split_future_rows(
+    frame: pd.DataFrame, covariates: Sequence[str]
+) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """Split one frame into history and known-future covariate rows.
+
+    MLflow's scoring formats carry a single frame, so for a model with known-future covariates
+    each series' future rows are appended with `y` empty. Both the registered pyfunc model and
+    the service's `/invocations` read inputs this way.
+    """
+    if not covariates or TARGET not in frame.columns:
+        return frame, None
+    is_future = pd.to_numeric(frame[TARGET], errors="coerce").isna().to_numpy()
+    if not is_future.any():
+        return frame, None
+    return frame[~is_future].reset_index(drop=True), frame[is_future].reset_index(drop=True)

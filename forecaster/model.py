@@ -15,6 +15,7 @@ Design, after PatchTST (Nie et al., 2023) and CATS (Lu et al., 2024):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +25,7 @@ from torch import nn
 from forecaster.config import ModelConfig
 from forecaster.layers import Decoder, Encoder, sinusoidal_positional_encoding
 from forecaster.outputs import ModelOutput
-from forecaster.scaling import RevIN
+from forecaster.scaling import InstanceStats, RevIN
 
 
 @dataclass
@@ -72,41 +73,70 @@ class PatchTransformer(nn.Module):
 
     @torch.no_grad()
     def fit_linear_skip(
-        self, past_values: torch.Tensor, future_values: torch.Tensor, ridge: float = 1e-2
-    ) -> None:
+        self,
+        past_values: torch.Tensor,
+        future_values: torch.Tensor,
+        val_past_values: torch.Tensor | None = None,
+        val_future_values: torch.Tensor | None = None,
+        ridges: tuple[float, ...] = (1e-2, 1e-3, 1e-1, 1.0),
+    ) -> float:
         """Start from the least-squares linear forecast: ridge-fit the skip, zero the heads.
 
         past_values (W, L) and future_values (W, H) are training windows in the series' scale;
-        they are normalised as the forward pass normalises them. The Transformer then begins
-        at the best linear fit (DLinear's) and learns only what it misses.
+        they are normalised as the forward pass normalises them. The ridge strength is chosen
+        on the validation windows when given (the first of `ridges`, 1e-2, otherwise): long horizons
+        want far more shrinkage than short ones. Returns the ridge chosen. The Transformer then
+        begins at the best linear fit (DLinear's) and learns only what it misses.
         """
         assert self.linear_skip is not None, "config.linear_skip is off"
-        if self.revin is not None:
-            normalized, stats = self.revin.normalize(past_values)
-            target = (future_values - stats.mean) / stats.std
-            target = target * self.revin.weight + self.revin.bias
-        else:
-            normalized, target = past_values, future_values
-        design = torch.cat(
-            [normalized, torch.ones_like(normalized[:, :1])], dim=1
-        ).double()  # (W, L + 1)
-        gram = design.T @ design + ridge * len(design) * torch.eye(
-            design.shape[1], dtype=torch.float64
-        )
-        solution = torch.linalg.solve(gram, design.T @ target.double())  # (L + 1, H)
+        design, target, _ = self._linear_problem(past_values, future_values)
+        gram = design.T @ design
+        moment = design.T @ target
+        eye = torch.eye(design.shape[1], dtype=torch.float64)
+        validation = None
+        if val_past_values is not None:
+            validation = self._linear_problem(val_past_values, val_future_values)
+        best_error, ridge, solution = math.inf, ridges[0], None
+        for candidate in ridges if validation is not None else ridges[:1]:
+            fitted = torch.linalg.solve(gram + candidate * len(design) * eye, moment)  # (L + 1, H)
+            error = 0.0
+            if validation is not None:
+                val_design, _, stats = validation
+                # Scored in the series' scale, as early stopping scores the whole model.
+                forecast = (val_design @ fitted) * stats.std.double() + stats.mean.double()
+                error = float(torch.mean((forecast - val_future_values.double()) ** 2))
+            if error < best_error or solution is None:
+                best_error, ridge, solution = error, candidate, fitted
         self.linear_skip.weight.copy_(solution[:-1].T)
         self.linear_skip.bias.copy_(solution[-1])
         nn.init.zeros_(self.point_head.weight)
         nn.init.zeros_(self.point_head.bias)
         if self.quantile_head is not None:
             # Start the intervals at the linear fit's residual quantiles, not at zero width.
-            residuals = (target.double() - design @ solution).flatten()  # (W * H,)
+            residuals = (target - design @ solution).flatten()  # (W * H,)
             residuals = residuals[torch.randperm(len(residuals))[:1_000_000]]
             levels = torch.tensor(self.config.quantiles, dtype=torch.float64)
             offsets = torch.quantile(residuals, levels).float()  # (Q,)
             nn.init.zeros_(self.quantile_head.weight)
             # The head's outputs are laid out (P_dec, Q), quantile fastest.
             self.quantile_head.bias.copy_(offsets.repeat(self.config.decoder_patch_length))
+        return ridge
+
+    def _linear_problem(
+        self, past_values: torch.Tensor, future_values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, InstanceStats | None]:
+        """Design (W, L + 1) with a bias column and target (W, H), both as the skip sees them."""
+        if self.revin is not None:
+            normalized, stats = self.revin.normalize(past_values)
+            target = (future_values - stats.mean) / stats.std * self.revin.weight + self.revin.bias
+        else:
+            normalized, target, stats = (
+                past_values,
+                future_values,
+                InstanceStats(torch.zeros(len(past_values), 1), torch.ones(len(past_values), 1)),
+            )
+        design = torch.cat([normalized, torch.ones_like(normalized[:, :1])], dim=1)
+        return design.double(), target.double(), stats
 
     def _patch(self, x: torch.Tensor) -> torch.Tensor:
         """(B, L, C) -> (B, N, P * C): end-pad by repeating the last step S times, then unfold."""

@@ -143,7 +143,21 @@ def train_model(
     if model.linear_skip is not None:
         init_starts = _evenly_spaced(train_starts, LINEAR_INIT_WINDOWS)
         init = gather_windows(train_panel, init_starts, mc.context_length, mc.prediction_length)
-        model.fit_linear_skip(init.past_values, init.future_values)
+        val_init = None
+        if len(val_starts):
+            val_init = gather_windows(
+                val_panel,
+                _evenly_spaced(val_starts, LINEAR_INIT_WINDOWS),
+                mc.context_length,
+                mc.prediction_length,
+            )
+        linear_ridge = model.fit_linear_skip(
+            init.past_values,
+            init.future_values,
+            None if val_init is None else val_init.past_values,
+            None if val_init is None else val_init.future_values,
+        )
+        logger.info("linear start: ridge %g chosen on validation windows", linear_ridge)
     model.to(device)
     train_module: nn.Module = model
     if world.enabled:

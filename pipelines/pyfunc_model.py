@@ -19,6 +19,8 @@ import os
 import mlflow
 import pandas as pd
 
+from forecaster.data import split_future_rows
+
 
 class ForecasterModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
@@ -31,12 +33,7 @@ class ForecasterModel(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None):
         params = params or {}
         frame = pd.DataFrame(model_input)
-        future = None
-        if self.forecaster.model_config.covariates and "y" in frame.columns:
-            is_future = pd.to_numeric(frame["y"], errors="coerce").isna().to_numpy()
-            if is_future.any():
-                future = frame[is_future].reset_index(drop=True)
-                frame = frame[~is_future].reset_index(drop=True)
+        frame, future = split_future_rows(frame, self.forecaster.model_config.covariates)
         horizon = params.get("horizon")
         quantiles = params.get("quantiles")
         return self.forecaster.predict(

@@ -18,6 +18,7 @@ import pandas as pd
 import pydantic_core
 from fastapi import APIRouter, Request, Response
 
+from forecaster.data import split_future_rows
 from service.deps import BatcherDep, ManagerDep, ServedModelDep, SettingsDep
 from service.errors import InvalidInputError, UnsupportedMediaTypeError
 from service.inference import FrameParts, OnlineItem, frame_parts, render_mlflow
@@ -246,20 +247,6 @@ async def invocations(
     )
     content = await run_online(request, batcher, item, settings.request_timeout_s)
     return Response(content, media_type="application/json")
-
-
-def split_future_rows(
-    frame: pd.DataFrame, covariates: tuple[str, ...]
-) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """History and future covariates of an MLflow input frame, as the registered pyfunc model
-    (pipelines/pyfunc_model.py) reads them: for a model with covariates, rows whose `y` is
-    empty are each series' known future."""
-    if not covariates or "y" not in frame.columns:
-        return frame, None
-    is_future = pd.to_numeric(frame["y"], errors="coerce").isna().to_numpy()
-    if not is_future.any():
-        return frame, None
-    return frame[~is_future].reset_index(drop=True), frame[is_future].reset_index(drop=True)
 
 
 @router.get("/ping", summary="MLflow health check: 200 when a model is loaded")

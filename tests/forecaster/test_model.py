@@ -73,7 +73,7 @@ def test_linear_skip_starts_at_least_squares_fit(tiny_config):
     g = torch.Generator().manual_seed(1)
     past = torch.randn(500, tiny_config.context_length, generator=g).cumsum(1)
     future = past[:, -1:] + torch.randn(500, tiny_config.prediction_length, generator=g) * 0.01
-    model.fit_linear_skip(past, future, ridge=1e-6)
+    model.fit_linear_skip(past, future, ridges=(1e-6,))
     output, _ = model(past, *(_inputs(tiny_config, 500)[1:]))
     # The forecast "repeat the last value" is linear, so the initial model must find it.
     assert torch.mean((output.mean - future) ** 2) < 0.01
@@ -100,3 +100,15 @@ def test_invalid_config_says_expected_and_actual(tiny_config, field, value, mess
 def test_config_is_frozen(tiny_config):
     with pytest.raises(AttributeError):
         tiny_config.d_model = 32
+
+
+def test_linear_skip_ridge_is_chosen_on_validation(tiny_config):
+    """When the future is unrelated to the past, validation picks the strongest shrinkage."""
+    model = PatchTransformer(tiny_config).eval()
+    g = torch.Generator().manual_seed(3)
+    shape = (400, tiny_config.context_length)
+    past, val_past = torch.randn(*shape, generator=g), torch.randn(*shape, generator=g)
+    future = torch.randn(400, tiny_config.prediction_length, generator=g)
+    val_future = torch.randn(400, tiny_config.prediction_length, generator=g)
+    assert model.fit_linear_skip(past, future, val_past, val_future) == 1.0
+    assert model.fit_linear_skip(past, future) == 1e-2  # no validation: the default

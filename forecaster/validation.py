@@ -44,6 +44,10 @@ _WEEKDAYS = ("MON", "TUE", "WED", "THU", "FRI", "SAT", "SUN")
 _MONTHS = ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")
 
 
+# Larger magnitudes overflow the squared deviations used for scaling, even in float64.
+MAX_ABS_VALUE = 1e30
+
+
 @dataclass(frozen=True)
 class ValidatedFrame:
     """A long frame that passed every rule.
@@ -387,6 +391,16 @@ def _as_float(col: pd.Series, name: str, ids: np.ndarray, ds: np.ndarray) -> np.
             f"series {sid!r}: column {name!r} is {values[i]} at {_ts(ds, i)} (row {i}); "
             f"expected a finite number ({int((~finite).sum())} NaN/inf value(s) in all; fill or "
             "drop them before forecasting)",
+            series_id=sid,
+            field=name,
+        )
+    too_large = np.abs(values) > MAX_ABS_VALUE
+    if too_large.any():
+        i = int(np.argmax(too_large))
+        sid = str(ids[i])
+        raise NonNumericValuesError(
+            f"series {sid!r}: column {name!r} is {values[i]:g} at {_ts(ds, i)} (row {i}); "
+            f"expected a magnitude of at most {MAX_ABS_VALUE:g} (rescale the series)",
             series_id=sid,
             field=name,
         )

@@ -341,3 +341,19 @@ def test_repeated_required_column():
     df.columns = ["unique_id", "ds", "y", "y"]
     with pytest.raises(MissingColumnsError, match="more than once"):
         validate_long_frame(df)
+
+
+def test_values_too_large_to_scale_are_rejected_naming_the_series():
+    from forecaster.errors import NonNumericValuesError
+    from forecaster.validation import validate_long_frame
+
+    frame = pd.DataFrame(
+        {
+            "unique_id": ["a"] * 3 + ["b"] * 3,
+            "ds": list(pd.date_range("2024-01-01", periods=3, freq="h")) * 2,
+            "y": [1.0, 2.0, 3.0, 1.0, 1e300, 3.0],
+        }
+    )
+    with pytest.raises(NonNumericValuesError, match="series 'b'.*at most 1e\\+30") as error:
+        validate_long_frame(frame)
+    assert error.value.series_id == "b"

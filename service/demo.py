@@ -24,6 +24,11 @@ from forecaster.synthetic import generate_synthetic
 from pipelines.cli import main as pipelines_main
 
 
+def _abridge(values: list) -> list:
+    """The first few values, rounded, for a readable printout."""
+    return [round(v, 2) if isinstance(v, float) else v for v in values[:6]] + ["..."]
+
+
 def _wait_ready(base_url: str, process: subprocess.Popen, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -99,7 +104,14 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"\n$ curl -s -X POST {base_url}/v1/forecast -H 'content-type: application/json' -d '{shown}'"
         )
-        print(json.dumps(response.json(), indent=2)[:1500])
+        answer = response.json()
+        for forecast in answer.get("forecasts", []):
+            for key, values in forecast.items():
+                if isinstance(values, dict):
+                    forecast[key] = {name: _abridge(v) for name, v in values.items()}
+                elif isinstance(values, list):
+                    forecast[key] = _abridge(values)
+        print(json.dumps(answer, indent=1)[:3000])
         print(f"\nThe service is running at {base_url} (docs at {base_url}/docs). Ctrl-C stops it.")
         server.wait()
     except KeyboardInterrupt:

@@ -25,7 +25,14 @@ from forecaster.errors import HorizonTooLongError, UnknownQuantileError
 from forecaster.model import PatchTransformer
 from forecaster.outputs import AttentionMaps, ModelOutput
 from forecaster.scaling import SeriesScaler
-from forecaster.training import EpochLog, TrainResult, resolve_device, seed_everything, train_model
+from forecaster.training import (
+    EpochLog,
+    TrainResult,
+    evenly_spaced,
+    resolve_device,
+    seed_everything,
+    train_model,
+)
 from forecaster.validation import ValidatedFrame, validate_future_frame, validate_long_frame
 from forecaster.windows import SeriesPanel, covariate_matrix, gather_windows
 
@@ -59,6 +66,7 @@ class _Prepared:
     means: np.ndarray  # (S,) scaler mean per series
     stds: np.ndarray  # (S,)
     context_starts: pd.Series  # per series, first timestamp of the context window
+    future_timestamps: np.ndarray  # (S, H) datetime64, the steps after each series' end
 
 
 class Forecaster:
@@ -213,8 +221,7 @@ class Forecaster:
         ).frame
         panel = SeriesPanel.from_frame(frame, mc, self.scaler)
         starts = panel.window_starts(mc.context_length + mc.prediction_length)
-        if max_windows and len(starts) > max_windows:
-            starts = starts[np.linspace(0, len(starts) - 1, max_windows).round().astype(np.int64)]
+        starts = evenly_spaced(starts, max_windows)
         series_of_window = np.searchsorted(panel.offsets, starts, side="right") - 1
         ids = np.asarray(panel.series_ids)[series_of_window]
         means, stds = self._series_stats(panel.series_ids, frame)
@@ -314,15 +321,17 @@ class Forecaster:
     def _check_quantiles(self, quantiles: Sequence[float] | None) -> tuple[float, ...]:
         if quantiles is None:
             return self.quantiles
-        unknown = [
-            q for q in quantiles if not any(abs(float(q) - k) < 1e-9 for k in self.quantiles)
+        # Each requested level mapped to the trained one it equals (up to float noise).
+        matched = [
+            next((k for k in self.quantiles if abs(float(q) - k) < 1e-9), None) for q in quantiles
         ]
+        unknown = [q for q, k in zip(quantiles, matched, strict=True) if k is None]
         if unknown:
             raise UnknownQuantileError(
                 f"quantiles: expected a subset of {list(self.quantiles)}, got unknown {unknown}",
                 field="quantiles",
             )
-        return tuple(float(q) for q in quantiles)
+        return tuple(matched)
 
     def _series_stats(
         self, series_ids: Sequence[str], frame: pd.DataFrame
@@ -382,6 +391,7 @@ class Forecaster:
             means=means,
             stds=stds,
             context_starts=timestamps.iloc[ends - mc.context_length].reset_index(drop=True),
+            future_timestamps=future_ds,
         )
 
     def _forward(
@@ -431,22 +441,18 @@ class Forecaster:
         horizon: int,
     ) -> pd.DataFrame:
         n = len(prepared.series_ids)
-        ds = _future_timestamps(prepared.last_timestamps, self.freq, horizon)
+        ds = prepared.future_timestamps[:, :horizon]
         out = {
             "unique_id": np.repeat(np.asarray(prepared.series_ids, dtype=object), horizon),
             "ds": ds.ravel(),
             "mean": mean.reshape(n * horizon),
         }
         for quantile in quantiles:
-            column = q[..., self.quantiles.index(_match(quantile, self.quantiles))]
+            column = q[..., self.quantiles.index(quantile)]
             out[quantile_column(quantile)] = column.reshape(n * horizon)
         frame = pd.DataFrame(out)
         frame["unique_id"] = frame["unique_id"].astype("string")
         return frame
-
-
-def _match(value: float, options: Sequence[float]) -> float:
-    return next(o for o in options if abs(o - float(value)) < 1e-9)
 
 
 def _to(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:

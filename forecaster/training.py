@@ -110,7 +110,8 @@ def _lr_lambda(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
     return factor
 
 
-def _evenly_spaced(starts: np.ndarray, limit: int) -> np.ndarray:
+def evenly_spaced(starts: np.ndarray, limit: int) -> np.ndarray:
+    """At most `limit` of `starts`, evenly spaced over them (all of them when limit is 0)."""
     if limit == 0 or len(starts) <= limit:
         return starts
     return starts[np.linspace(0, len(starts) - 1, limit).round().astype(np.int64)]
@@ -136,18 +137,18 @@ def train_model(
             "no training window: every series is shorter than context + prediction length"
         )
     val_starts = val_panel.window_starts(window) if val_panel is not None else np.empty(0, np.int64)
-    val_starts = _evenly_spaced(val_starts, config.max_val_windows)
+    val_starts = evenly_spaced(val_starts, config.max_val_windows)
 
     world, device = _setup_distributed(resolve_device(config.device))
     seed_everything(config.seed)
     if model.linear_skip is not None:
-        init_starts = _evenly_spaced(train_starts, LINEAR_INIT_WINDOWS)
+        init_starts = evenly_spaced(train_starts, LINEAR_INIT_WINDOWS)
         init = gather_windows(train_panel, init_starts, mc.context_length, mc.prediction_length)
         val_init = None
         if len(val_starts):
             val_init = gather_windows(
                 val_panel,
-                _evenly_spaced(val_starts, LINEAR_INIT_WINDOWS),
+                evenly_spaced(val_starts, LINEAR_INIT_WINDOWS),
                 mc.context_length,
                 mc.prediction_length,
             )

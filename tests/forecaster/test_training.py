@@ -33,9 +33,10 @@ def test_callback_sees_every_epoch_and_best_weights_are_kept(series):
     assert [log.epoch for log in logs] == [1, 2, 3]
     assert all(log.val_loss is not None and log.train_loss > 0 for log in logs)
     result = model.train_result
-    best = min([result.best_val_loss])
-    assert best <= min(log.val_loss for log in logs) + 1e-12
-    assert result.best_epoch == 0 or logs[result.best_epoch - 1].is_best
+    assert result.best_val_loss <= min(log.val_loss for log in logs)
+    if result.best_epoch:  # otherwise the linear start (epoch 0) was never beaten
+        assert logs[result.best_epoch - 1].val_loss == result.best_val_loss
+        assert logs[result.best_epoch - 1].is_best
 
 
 def test_early_stopping_ends_before_max_epochs(series):

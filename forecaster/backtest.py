@@ -85,7 +85,11 @@ def backtest(
     required = min_history + horizon + (n_windows - 1) * step
     try:
         validated = validate_long_frame(
-            df, covariates=covariates, min_length=required, freq=getattr(model, "freq", None)
+            df,
+            covariates=covariates,
+            min_length=required,
+            freq=getattr(model, "freq", None),
+            allow_missing=True,
         )
     except SeriesTooShortError as exc:
         raise SeriesTooShortError(
@@ -118,7 +122,8 @@ def backtest(
         )
         truth = frame.loc[scored, [ID, TIME, TARGET]].reset_index(drop=True)
         truth.insert(2, "cutoff", timestamps[(starts[codes] + cut - 1)[scored]])
-        windows.append(_align(truth, forecast))
+        # Missing values are forecast but not scored.
+        windows.append(_align(truth, forecast).dropna(subset=[TARGET]))
     forecasts = pd.concat(windows, ignore_index=True)
     metrics = evaluate(
         forecasts.drop(columns="cutoff"),

@@ -39,6 +39,12 @@ def _check_quantiles(quantiles: Sequence[float]) -> tuple[float, ...]:
     return tuple(sorted(set(levels)))
 
 
+def _filled(frame: pd.DataFrame) -> np.ndarray:
+    """The target with each missing value replaced by the series' last (else next) observed one."""
+    y = frame[TARGET].groupby(frame[ID], sort=False)
+    return y.ffill().fillna(y.bfill()).to_numpy(np.float64)
+
+
 def _series_bounds(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Start and end (exclusive) row of each series of a validated frame."""
     ids = frame[ID].to_numpy()
@@ -111,8 +117,8 @@ class SeasonalNaive:
 
     @property
     def min_history(self) -> int:
-        """Points a series needs: one season plus one for the residual quantiles."""
-        return self._m + 1
+        """Points a series needs: one (a series shorter than a season repeats what it has)."""
+        return 1
 
     @property
     def max_horizon(self) -> int:
@@ -120,9 +126,7 @@ class SeasonalNaive:
 
     def fit(self, df: pd.DataFrame) -> SeasonalNaive:
         """Record the frequency (and the season length from it when not given)."""
-        validated = validate_long_frame(df)
-        self.freq = validated.freq
-        validate_long_frame(df, min_length=self.min_history, freq=self.freq)
+        self.freq = validate_long_frame(df, allow_missing=True).freq
         return self
 
     def predict(
@@ -133,9 +137,11 @@ class SeasonalNaive:
         future_df: pd.DataFrame | None = None,
     ) -> pd.DataFrame:
         """Forecast `horizon` steps after each series of `df`; `future_df` is not used."""
-        freq = self.freq if self.freq is not None else validate_long_frame(df).freq
+        freq = self.freq
+        if freq is None:
+            freq = validate_long_frame(df, allow_missing=True).freq
         m = self._season_for(freq)
-        validated = validate_long_frame(df, min_length=m + 1, freq=freq)
+        validated = validate_long_frame(df, min_length=1, freq=freq, allow_missing=True)
         if horizon is None:
             horizon = self.horizon if self.horizon is not None else m
         if horizon < 1:
@@ -143,10 +149,12 @@ class SeasonalNaive:
         levels = self.quantiles if quantiles is None else _check_quantiles(quantiles)
 
         frame = validated.frame
-        y = frame[TARGET].to_numpy(np.float64)
+        y = _filled(frame)
         starts, ends = _series_bounds(frame)
         steps = np.arange(horizon)
-        mean = y[ends[:, None] - m + steps[None, :] % m]  # (S, H)
+        # A series shorter than a season repeats what it has.
+        back = np.minimum(m, ends - starts)[:, None]
+        mean = y[ends[:, None] - back + steps[None, :] % back]  # (S, H)
 
         q_values = None
         if levels:
@@ -155,9 +163,13 @@ class SeasonalNaive:
             seasonal = position >= m
             residual = y[seasonal] - y[np.flatnonzero(seasonal) - m]
             per_series = (
-                pd.Series(residual).groupby(codes[seasonal]).quantile(list(levels)).unstack()
+                pd.Series(residual)
+                .groupby(codes[seasonal])
+                .quantile(list(levels))
+                .unstack()
+                .reindex(range(len(starts)), fill_value=0.0)
             )
-            spread = per_series.to_numpy(np.float64)  # (S, Q)
+            spread = per_series.to_numpy(np.float64)  # (S, Q); 0 without a full season
             seasons_ahead = np.sqrt(steps // m + 1.0)  # (H,)
             q_values = mean[:, :, None] + spread[:, None, :] * seasons_ahead[None, :, None]
         return _output(validated, horizon, mean, levels, q_values)

@@ -167,14 +167,20 @@ class TimeSplit:
 
 
 def time_split(
-    df: pd.DataFrame, *, val_length: int, test_length: int, context_length: int = 0
+    df: pd.DataFrame,
+    *,
+    val_length: int,
+    test_length: int,
+    context_length: int = 0,
+    min_train_length: int | None = None,
 ) -> TimeSplit:
     """Split every series in time: train, then validation, then test.
 
     Per series of n points: train holds the first n - val_length - test_length points;
-    val the next val_length points preceded by context_length points of history; test the
-    last test_length points preceded likewise. A series must have at least
-    max(1, context_length) training points, else `SeriesTooShortError`.
+    val the next val_length points preceded by up to context_length points of history; test
+    the last test_length points preceded likewise. A series must have at least
+    `min_train_length` (default max(1, context_length)) training points, else
+    `SeriesTooShortError`.
     """
     for name, value in (
         ("val_length", val_length),
@@ -203,7 +209,7 @@ def time_split(
     position = np.arange(len(frame)) - (np.cumsum(lengths) - lengths)[codes]
 
     n_train = lengths - val_length - test_length
-    need = max(1, context_length)
+    need = max(1, context_length) if min_train_length is None else max(1, min_train_length)
     short = n_train < need
     if short.any():
         k = int(np.argmax(short))
@@ -234,11 +240,18 @@ def split_future_rows(
 
     MLflow's scoring formats carry a single frame, so for a model with known-future covariates
     each series' future rows are appended with `y` empty. Both the registered pyfunc model and
-    the service's `/invocations` read inputs this way.
+    the service's `/invocations` read inputs this way. The future rows are the rows with an
+    empty `y` after a series' last observed value; an empty `y` before it is a missing value.
     """
     if not covariates or TARGET not in frame.columns:
         return frame, None
-    is_future = pd.to_numeric(frame[TARGET], errors="coerce").isna().to_numpy()
+    missing = pd.to_numeric(frame[TARGET], errors="coerce").isna()
+    if not missing.any():
+        return frame, None
+    ids = frame[ID].astype("str")
+    # Rows counted from each series' end: a row is future when no observed value follows it.
+    observed_after = (~missing)[::-1].groupby(ids[::-1], sort=False).cumsum()[::-1]
+    is_future = (missing & (observed_after == 0)).to_numpy()
     if not is_future.any():
         return frame, None
     return frame[~is_future].reset_index(drop=True), frame[is_future].reset_index(drop=True)

@@ -90,6 +90,27 @@ def season_length(freq: str) -> int:
     return 1
 
 
+# Bounds on steps per token: shorter patches make too many tokens for a long context, longer ones
+# too few for a short series.
+_MIN_PATCH, _MAX_PATCH, _DEFAULT_PATCH = 4, 48, 16
+
+
+def patch_length_for(freq: str | None) -> int:
+    """Steps per model token for data of `freq`: its main seasonal period, so that each token
+    is one cycle (24 for hourly, 7 for daily, 12 for monthly data).
+
+    A period above 48 steps uses its largest divisor up to 48 (quarter-hourly 96 -> 48, weekly
+    52 -> 26); data with no cycle of at least 4 steps uses 16 (PatchTST's patch).
+    """
+    m = season_length(freq) if freq is not None else 1
+    if m < _MIN_PATCH:
+        return _DEFAULT_PATCH
+    if m <= _MAX_PATCH:
+        return m
+    divisor = max(d for d in range(1, _MAX_PATCH + 1) if m % d == 0)
+    return divisor if divisor >= _MIN_PATCH else _DEFAULT_PATCH
+
+
 def future_timestamps(last: pd.Timestamp, freq: str, horizon: int) -> pd.DatetimeIndex:
     """The `horizon` timestamps after `last` on `freq`."""
     if horizon < 1:

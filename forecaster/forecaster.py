@@ -1,13 +1,17 @@
 """`Forecaster`: the high-level API over the patch Transformer.
 
-model = Forecaster(ModelConfig(context_length=336, prediction_length=96))
+model = Forecaster(ModelConfig(prediction_length=96))
 model.fit(train_df)                       # long frame: unique_id, ds, y (+ covariates)
 forecast = model.predict(history_df)      # unique_id, ds, mean, q0.1, q0.5, q0.9
 model.save("model/"); Forecaster.load("model/")
+
+Histories may be short (down to one observed value) and may have NaNs or missing timestamps:
+the model reads them through its observed-value mask.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -21,13 +25,14 @@ from safetensors.torch import load_file, save_file
 
 from forecaster.config import ModelConfig, TrainConfig, config_from_dict, config_to_dict
 from forecaster.data import quantile_column
-from forecaster.errors import HorizonTooLongError, UnknownQuantileError
+from forecaster.errors import HorizonTooLongError, SeriesTooShortError, UnknownQuantileError
+from forecaster.features import patch_length_for
 from forecaster.model import PatchTransformer
 from forecaster.outputs import AttentionMaps, ModelOutput
-from forecaster.scaling import SeriesScaler
 from forecaster.training import (
     EpochLog,
     TrainResult,
+    WindowSet,
     evenly_spaced,
     resolve_device,
     seed_everything,
@@ -38,9 +43,9 @@ from forecaster.windows import SeriesPanel, covariate_matrix, gather_windows
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-CONFIG_FILE, WEIGHTS_FILE, SCALER_FILE = "config.json", "model.safetensors", "scaler.json"
-# Share of each series held out for early stopping when fit() gets no validation frame.
+FORMAT_VERSION = 2
+CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
+# Share of each series held out for validation when fit() gets no validation frame.
 AUTO_VALIDATION_FRACTION = 0.15
 
 
@@ -49,24 +54,22 @@ class WindowForecasts:
     """Forecasts for every stride-1 window of a frame (W windows, H horizon, Q quantiles)."""
 
     series_ids: np.ndarray  # (W,) the series each window belongs to
-    target: np.ndarray  # (W, H) actual values
+    target: np.ndarray  # (W, H) actual values (NaN where missing)
     mean: np.ndarray  # (W, H)
     quantiles: np.ndarray | None  # (W, H, Q)
 
 
 @dataclass
 class _Prepared:
-    """Model inputs for the last context window of each series of a validated frame."""
+    """Model inputs for the forecast after the end of each series of a validated frame."""
 
     series_ids: list[str]
-    last_timestamps: pd.Series  # per series
-    past_values: torch.Tensor  # (S, L) scaled
+    past_values: torch.Tensor  # (S, L) float64, 0 where unobserved
+    past_observed_mask: torch.Tensor  # (S, L) bool
     past_covariates: torch.Tensor | None  # (S, L, F)
     future_covariates: torch.Tensor | None  # (S, H, F)
-    means: np.ndarray  # (S,) scaler mean per series
-    stds: np.ndarray  # (S,)
-    context_starts: pd.Series  # per series, first timestamp of the context window
-    future_timestamps: np.ndarray  # (S, H) datetime64, the steps after each series' end
+    last_timestamps: np.ndarray  # (S,) datetime64[ns]
+    future_timestamps: np.ndarray  # (S, H) datetime64[ns], the steps after each series' end
 
 
 class Forecaster:
@@ -79,7 +82,6 @@ class Forecaster:
         self.train_config = train_config or TrainConfig()
         self.device = resolve_device(self.train_config.device)
         self.model: PatchTransformer | None = None
-        self.scaler: SeriesScaler | None = None
         self.freq: str | None = None
         self.train_result: TrainResult | None = None
 
@@ -90,7 +92,12 @@ class Forecaster:
 
     @property
     def min_history(self) -> int:
-        """Points of history a series needs for a forecast."""
+        """Observed points of history a series needs for a forecast."""
+        return 1
+
+    @property
+    def context_length(self) -> int:
+        """Points of history the model reads; more are ignored, fewer are padded."""
         return self.model_config.context_length
 
     @property
@@ -108,35 +115,42 @@ class Forecaster:
         val_df: pd.DataFrame | None = None,
         callbacks: Sequence[Callable[[EpochLog], None]] = (),
     ) -> Forecaster:
-        """Train on every window of `df`; early-stop on `val_df` (else on a held-out tail).
+        """Train on every window of `df`; judge epochs on `val_df` (else on a held-out tail).
 
-        `val_df` holds each series' validation points preceded by at least context_length
-        points of history, as `forecaster.data.time_split` produces.
+        `val_df` holds each series' validation points preceded by up to context_length points
+        of history, as `forecaster.data.time_split` produces. Every series with at least
+        prediction_length + 1 points gives training windows; shorter ones are skipped.
         """
         mc = self.model_config
-        window = mc.context_length + mc.prediction_length
-        train = validate_long_frame(df, covariates=mc.covariates, min_length=window)
+        train = validate_long_frame(df, covariates=mc.covariates, allow_missing=True)
         self.freq = train.freq
-        train_frame = train.frame
+        if mc.patch_length is None:
+            mc = self.model_config = dataclasses.replace(
+                mc, patch_length=patch_length_for(train.freq)
+            )
+        panel = SeriesPanel.from_frame(train.frame, mc)
+        h = mc.prediction_length
         if val_df is not None:
             val_frame = validate_long_frame(
-                val_df, covariates=mc.covariates, min_length=window, freq=self.freq
+                val_df, covariates=mc.covariates, freq=self.freq, allow_missing=True
             ).frame
+            val_panel = SeriesPanel.from_frame(val_frame, mc)
+            # Windows whose context is the given history and whose targets are the val points.
+            history = np.minimum(mc.context_length, np.maximum(np.diff(val_panel.offsets) - h, 1))
+            val = WindowSet(val_panel, val_panel.window_origins(h, min_context=history))
+            train_set = WindowSet(panel, panel.window_origins(h))
         else:
-            train_frame, val_frame = _hold_out_tail(train_frame, window, mc.prediction_length)
-
-        self.scaler = SeriesScaler.fit(
-            train_frame["unique_id"].to_numpy(), train_frame["y"].to_numpy()
-        )
-        train_panel = SeriesPanel.from_frame(train_frame, mc, self.scaler)
-        val_panel = (
-            SeriesPanel.from_frame(val_frame, mc, self.scaler) if val_frame is not None else None
-        )
+            train_set, val = _hold_out_tail(panel, h)
+        if len(train_set.origins) == 0:
+            longest = int(np.diff(panel.offsets).max())
+            raise SeriesTooShortError(
+                f"no series is long enough to train on: expected at least prediction_length + 1 "
+                f"= {h + 1} points in some series, the longest has {longest}",
+                field="y",
+            )
         seed_everything(self.train_config.seed)
         self.model = PatchTransformer(mc)
-        self.train_result = train_model(
-            self.model, train_panel, val_panel, self.train_config, callbacks
-        )
+        self.train_result = train_model(self.model, train_set, val, self.train_config, callbacks)
         self.device = next(self.model.parameters()).device
         return self
 
@@ -156,18 +170,18 @@ class Forecaster:
         horizon = self._check_horizon(horizon)
         quantiles = self._check_quantiles(quantiles)
         prepared = self._prepare(df, future_df, horizon)
-        mean, q = self._forward_batches(prepared)
-        return self._to_frame(
-            prepared, mean[:, :horizon], None if q is None else q[:, :horizon], quantiles, horizon
-        )
+        output = self._forward_batches(prepared)
+        return self._to_frame(prepared, output, quantiles, horizon)
 
     def attention(self, df: pd.DataFrame, future_df: pd.DataFrame | None = None) -> AttentionMaps:
         """Attention weights behind the forecast of each series of `df` (see AttentionMaps)."""
         model = self._require_model()
+        mc = self.model_config
         prepared = self._prepare(df, future_df, self.max_horizon)
         with torch.inference_mode():
             _, attention = model(
                 prepared.past_values.to(self.device),
+                prepared.past_observed_mask.to(self.device),
                 _to(prepared.past_covariates, self.device),
                 _to(prepared.future_covariates, self.device),
                 return_attention=True,
@@ -176,14 +190,21 @@ class Forecaster:
         def arrays(layers: list[torch.Tensor]) -> list[np.ndarray]:
             return [w.float().cpu().numpy() for w in layers]
 
+        # The first token starts N * P steps before the forecast origin (padding included).
+        steps = mc.n_patches * mc.patch
+        offset = pd.tseries.frequencies.to_offset(self.freq)
+        context_starts = [
+            pd.date_range(end=pd.Timestamp(t), periods=steps, freq=offset)[0].isoformat()
+            for t in prepared.last_timestamps
+        ]
         return AttentionMaps(
             series_ids=prepared.series_ids,
             encoder=arrays(attention.encoder),
             decoder_self=arrays(attention.decoder_self),
             cross=arrays(attention.cross),
-            context_starts=[ts.isoformat() for ts in prepared.context_starts],
-            patch_length=self.model_config.patch_length,
-            patch_stride=self.model_config.patch_stride,
+            context_starts=context_starts,
+            patch_length=mc.patch,
+            patch_stride=mc.patch,
         )
 
     def backtest(
@@ -206,7 +227,7 @@ class Forecaster:
         )
 
     def forecast_windows(self, df: pd.DataFrame, max_windows: int = 0) -> WindowForecasts:
-        """Forecast every stride-1 window (context + full horizon) inside each series of `df`.
+        """Forecast every stride-1 window with a full context and horizon inside each series.
 
         This is how the long-term forecasting benchmarks score a test split: no window dropped.
         `max_windows` > 0 keeps that many evenly spaced windows instead.
@@ -214,53 +235,51 @@ class Forecaster:
         self._require_model()
         mc = self.model_config
         frame = validate_long_frame(
-            df,
-            covariates=mc.covariates,
-            min_length=mc.context_length + mc.prediction_length,
-            freq=self.freq,
+            df, covariates=mc.covariates, freq=self.freq, allow_missing=True
         ).frame
-        panel = SeriesPanel.from_frame(frame, mc, self.scaler)
-        starts = panel.window_starts(mc.context_length + mc.prediction_length)
-        starts = evenly_spaced(starts, max_windows)
-        series_of_window = np.searchsorted(panel.offsets, starts, side="right") - 1
-        ids = np.asarray(panel.series_ids)[series_of_window]
-        means, stds = self._series_stats(panel.series_ids, frame)
-        scale = stds[series_of_window][:, None]
-        shift = means[series_of_window][:, None]
-        targets, mean_parts, q_parts = [], [], []
-        with torch.inference_mode():
-            for begin in range(0, len(starts), self.train_config.predict_batch_size):
-                chunk = starts[begin : begin + self.train_config.predict_batch_size]
-                batch = gather_windows(panel, chunk, mc.context_length, mc.prediction_length)
-                output = self._forward(
-                    batch.past_values, batch.past_covariates, batch.future_covariates
-                )
-                targets.append(batch.future_values.numpy())
-                mean_parts.append(output.mean.float().cpu().numpy())
-                if output.quantiles is not None:
-                    q_parts.append(output.quantiles.float().cpu().numpy())
-        target = np.concatenate(targets) * scale + shift
-        mean = np.concatenate(mean_parts) * scale + shift
-        quantiles = (
-            np.concatenate(q_parts) * scale[..., None] + shift[..., None] if q_parts else None
+        panel = SeriesPanel.from_frame(frame, mc)
+        origins = panel.window_origins(mc.prediction_length, min_context=mc.context_length)
+        origins = evenly_spaced(origins, max_windows)
+        ids = np.asarray(panel.series_ids)[panel.series_of(origins)]
+        targets, means, quantiles = [], [], []
+        for begin in range(0, len(origins), self.train_config.predict_batch_size):
+            chunk = origins[begin : begin + self.train_config.predict_batch_size]
+            batch = gather_windows(panel, chunk, mc.context_length, mc.prediction_length)
+            output = self._forward(
+                batch.past_values,
+                batch.past_observed_mask,
+                batch.past_covariates,
+                batch.future_covariates,
+            )
+            target = batch.future_values.numpy().copy()
+            target[~batch.future_observed_mask.numpy()] = np.nan
+            targets.append(target)
+            means.append(output.mean.cpu().numpy())
+            if output.quantiles is not None:
+                quantiles.append(output.quantiles.cpu().numpy())
+        return WindowForecasts(
+            series_ids=ids,
+            target=np.concatenate(targets),
+            mean=np.concatenate(means),
+            quantiles=np.concatenate(quantiles) if quantiles else None,
         )
-        return WindowForecasts(ids, target, mean, quantiles)
 
     # -- persistence ----------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
-        """Write config.json, scaler.json and model.safetensors into directory `path`."""
+        """Write config.json and model.safetensors into directory `path`."""
         model = self._require_model()
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
         save_file(state, path / WEIGHTS_FILE)
-        (path / SCALER_FILE).write_text(json.dumps(self.scaler.to_dict()))
         training = None
         if self.train_result is not None:
             r = self.train_result
             training = {
                 "best_epoch": r.best_epoch,
                 "best_val_loss": r.best_val_loss,
+                "initial_val_loss": r.initial_val_loss,
+                "linear_start_ridge": r.linear_start_ridge,
                 "seconds": r.seconds,
                 "device": r.device,
                 "epochs": len(r.epochs),
@@ -283,7 +302,8 @@ class Forecaster:
         meta = json.loads((path / CONFIG_FILE).read_text())
         if meta.get("format_version") != FORMAT_VERSION:
             raise ValueError(
-                f"{path / CONFIG_FILE}: expected format_version {FORMAT_VERSION}, got {meta.get('format_version')!r}"
+                f"{path / CONFIG_FILE}: expected format_version {FORMAT_VERSION}, got "
+                f"{meta.get('format_version')!r} (retrain the model with this version)"
             )
         train_values = dict(meta["train_config"])
         if device is not None:
@@ -293,7 +313,6 @@ class Forecaster:
             config_from_dict(TrainConfig, train_values),
         )
         forecaster.freq = meta["freq"]
-        forecaster.scaler = SeriesScaler.from_dict(json.loads((path / SCALER_FILE).read_text()))
         model = PatchTransformer(forecaster.model_config)
         model.load_state_dict(load_file(path / WEIGHTS_FILE))
         forecaster.model = model.to(forecaster.device).eval()
@@ -310,7 +329,11 @@ class Forecaster:
     def _check_horizon(self, horizon: int | None) -> int:
         if horizon is None:
             return self.max_horizon
-        if not isinstance(horizon, int | np.integer) or not 1 <= horizon <= self.max_horizon:
+        if (
+            isinstance(horizon, bool)
+            or not isinstance(horizon, int | np.integer)
+            or not 1 <= horizon <= self.max_horizon
+        ):
             raise HorizonTooLongError(
                 f"horizon: expected an integer between 1 and {self.max_horizon} (the model's "
                 f"prediction_length), got {horizon!r}",
@@ -333,43 +356,26 @@ class Forecaster:
             )
         return tuple(matched)
 
-    def _series_stats(
-        self, series_ids: Sequence[str], frame: pd.DataFrame
-    ) -> tuple[np.ndarray, np.ndarray]:
-        values = frame["y"].to_numpy(dtype=np.float64)
-        ids = frame["unique_id"].to_numpy()
-        starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-        ends = np.r_[starts[1:], len(ids)]
-        stats = [
-            self.scaler.stats_for(sid, values[s:e])
-            for sid, s, e in zip(series_ids, starts, ends, strict=True)
-        ]
-        return np.array([m for m, _ in stats]), np.array([s for _, s in stats])
-
     def _prepare(self, df: pd.DataFrame, future_df: pd.DataFrame | None, horizon: int) -> _Prepared:
         self._require_model()
         mc = self.model_config
         validated: ValidatedFrame = validate_long_frame(
-            df, covariates=mc.covariates, min_length=mc.context_length, freq=self.freq
+            df, covariates=mc.covariates, freq=self.freq, allow_missing=True
         )
-        frame = validated.frame
-        ids = frame["unique_id"].to_numpy()
-        starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-        ends = np.r_[starts[1:], len(ids)]
-        series_ids = [str(ids[s]) for s in starts]
-        means, stds = self._series_stats(series_ids, frame)
-        context_index = ends[:, None] - mc.context_length + np.arange(mc.context_length)  # (S, L)
-        y = frame["y"].to_numpy(dtype=np.float64)
-        past_values = (y[context_index] - means[:, None]) / stds[:, None]
-        timestamps = frame["ds"]
-        last_timestamps = timestamps.iloc[ends - 1].reset_index(drop=True)
+        panel = SeriesPanel.from_frame(validated.frame, mc)
+        batch = gather_windows(panel, panel.last_origins(), mc.context_length, 0)
+        timestamps = validated.frame["ds"].to_numpy()
+        last_timestamps = timestamps[panel.offsets[1:] - 1]
         future_ds = _future_timestamps(last_timestamps, self.freq, mc.prediction_length)  # (S, H)
 
-        past_cov = future_cov = None
+        future_cov = None
         if mc.n_covariates:
-            past_cov = torch.from_numpy(covariate_matrix(frame, mc)[context_index])
+            s = len(panel.series_ids)
             future_frame = pd.DataFrame(
-                {"unique_id": np.repeat(series_ids, mc.prediction_length), "ds": future_ds.ravel()}
+                {
+                    "unique_id": np.repeat(panel.series_ids, mc.prediction_length),
+                    "ds": future_ds.ravel(),
+                }
             )
             if mc.covariates:
                 given = validate_future_frame(
@@ -381,74 +387,72 @@ class Forecaster:
                     list(mc.covariates)
                 ].ffill()
             cov = covariate_matrix(future_frame, mc)
-            future_cov = torch.from_numpy(cov.reshape(len(series_ids), mc.prediction_length, -1))
+            future_cov = torch.from_numpy(cov.reshape(s, mc.prediction_length, -1))
         return _Prepared(
-            series_ids=series_ids,
-            last_timestamps=last_timestamps,
-            past_values=torch.from_numpy(past_values.astype(np.float32)),
-            past_covariates=past_cov,
+            series_ids=panel.series_ids,
+            past_values=batch.past_values,
+            past_observed_mask=batch.past_observed_mask,
+            past_covariates=batch.past_covariates,
             future_covariates=future_cov,
-            means=means,
-            stds=stds,
-            context_starts=timestamps.iloc[ends - mc.context_length].reset_index(drop=True),
+            last_timestamps=last_timestamps,
             future_timestamps=future_ds,
         )
 
     def _forward(
         self,
         past_values: torch.Tensor,
-        past_cov: torch.Tensor | None,
-        future_cov: torch.Tensor | None,
+        past_observed_mask: torch.Tensor,
+        past_covariates: torch.Tensor | None,
+        future_covariates: torch.Tensor | None,
     ) -> ModelOutput:
+        """One forward pass on the model's device; forecasts back on the CPU in float64."""
         model = self._require_model()
         model.eval()
         autocast = self.device.type == "cuda" and self.train_config.bf16
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             output, _ = model(
-                past_values.to(self.device),
-                _to(past_cov, self.device),
-                _to(future_cov, self.device),
+                _to(past_values, self.device),
+                _to(past_observed_mask, self.device),
+                _to(past_covariates, self.device),
+                _to(future_covariates, self.device),
             )
-        return output
+            forecast = output.denormalize()
+        quantiles = None if forecast.quantiles is None else forecast.quantiles.double().cpu()
+        return ModelOutput(forecast.mean.double().cpu(), quantiles)
 
-    def _forward_batches(self, prepared: _Prepared) -> tuple[np.ndarray, np.ndarray | None]:
-        """One forward pass per batch of series; returns unscaled mean (S, H) and quantiles (S, H, Q)."""
+    def _forward_batches(self, prepared: _Prepared) -> ModelOutput:
+        """One forward pass per batch of series: mean (S, H) and quantiles (S, H, Q)."""
         batch_size = self.train_config.predict_batch_size
-        n = len(prepared.series_ids)
         means, quantiles = [], []
-        with torch.inference_mode():
-            for begin in range(0, n, batch_size):
-                sl = slice(begin, begin + batch_size)
-                output = self._forward(
-                    prepared.past_values[sl],
-                    None if prepared.past_covariates is None else prepared.past_covariates[sl],
-                    None if prepared.future_covariates is None else prepared.future_covariates[sl],
-                )
-                means.append(output.mean.float().cpu().numpy())
-                if output.quantiles is not None:
-                    quantiles.append(output.quantiles.float().cpu().numpy())
-        scale, shift = prepared.stds[:, None], prepared.means[:, None]
-        mean = np.concatenate(means) * scale + shift
-        q = np.concatenate(quantiles) * scale[..., None] + shift[..., None] if quantiles else None
-        return mean, q
+        for begin in range(0, len(prepared.series_ids), batch_size):
+            sl = slice(begin, begin + batch_size)
+            output = self._forward(
+                prepared.past_values[sl],
+                prepared.past_observed_mask[sl],
+                None if prepared.past_covariates is None else prepared.past_covariates[sl],
+                None if prepared.future_covariates is None else prepared.future_covariates[sl],
+            )
+            means.append(output.mean)
+            if output.quantiles is not None:
+                quantiles.append(output.quantiles)
+        return ModelOutput(torch.cat(means), torch.cat(quantiles) if quantiles else None)
 
     def _to_frame(
         self,
         prepared: _Prepared,
-        mean: np.ndarray,
-        q: np.ndarray | None,
+        output: ModelOutput,
         quantiles: tuple[float, ...],
         horizon: int,
     ) -> pd.DataFrame:
         n = len(prepared.series_ids)
-        ds = prepared.future_timestamps[:, :horizon]
+        mean = output.mean.numpy()[:, :horizon]
         out = {
             "unique_id": np.repeat(np.asarray(prepared.series_ids, dtype=object), horizon),
-            "ds": ds.ravel(),
+            "ds": prepared.future_timestamps[:, :horizon].ravel(),
             "mean": mean.reshape(n * horizon),
         }
         for quantile in quantiles:
-            column = q[..., self.quantiles.index(quantile)]
+            column = output.quantiles.numpy()[:, :horizon, self.quantiles.index(quantile)]
             out[quantile_column(quantile)] = column.reshape(n * horizon)
         frame = pd.DataFrame(out)
         frame["unique_id"] = frame["unique_id"].astype("string")
@@ -456,10 +460,15 @@ class Forecaster:
 
 
 def _to(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
-    return None if tensor is None else tensor.to(device)
+    """Copy a batch to `device` once, asynchronously from pinned memory on CUDA."""
+    if tensor is None or tensor.device == device:
+        return tensor
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
-def _future_timestamps(last: pd.Series, freq: str, horizon: int) -> np.ndarray:
+def _future_timestamps(last: np.ndarray, freq: str, horizon: int) -> np.ndarray:
     """(S, horizon) datetime64 array of the steps after each series' last timestamp."""
     offset = pd.tseries.frequencies.to_offset(freq)
     last_values = pd.DatetimeIndex(last)
@@ -472,25 +481,23 @@ def _future_timestamps(last: pd.Series, freq: str, horizon: int) -> np.ndarray:
     )
 
 
-def _hold_out_tail(
-    frame: pd.DataFrame, window: int, prediction_length: int
-) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+def _hold_out_tail(panel: SeriesPanel, horizon: int) -> tuple[WindowSet, WindowSet | None]:
     """Split each series' last AUTO_VALIDATION_FRACTION (at least one horizon) for validation.
 
-    The validation part keeps `window - prediction_length` points of history before it. Series
-    too short to give both a training and a validation window stay whole in training; with no
-    validation windows at all, training runs without early stopping.
+    Training windows end before the held-out tail; validation windows forecast inside it, with
+    the series' earlier points as their history. A series too short to give both keeps every
+    window for training; with no validation window at all, training runs on the training loss.
     """
-    lengths = frame.groupby("unique_id", sort=False).size()
-    val_points = np.maximum(prediction_length, (lengths * AUTO_VALIDATION_FRACTION).astype(int))
-    train_points = lengths - val_points
-    can_split = train_points >= window
-    if not can_split.any():
-        logger.warning("series too short for a validation split: training without early stopping")
-        return frame, None
-    position = frame.groupby("unique_id", sort=False).cumcount().to_numpy()
-    per_row_train = frame["unique_id"].map(train_points.where(can_split, lengths)).to_numpy()
-    context = window - prediction_length
-    train = frame[position < per_row_train]
-    val_rows = frame["unique_id"].map(can_split).to_numpy() & (position >= per_row_train - context)
-    return train.reset_index(drop=True), frame[val_rows].reset_index(drop=True)
+    lengths = np.diff(panel.offsets)
+    val_points = np.maximum(horizon, (lengths * AUTO_VALIDATION_FRACTION).astype(np.int64))
+    can_split = lengths - val_points >= horizon + 1
+    cutoff = np.where(can_split, panel.offsets[:-1] + lengths - val_points, panel.offsets[1:])
+    origins = panel.window_origins(horizon)
+    series = panel.series_of(origins)
+    in_train = origins + horizon <= cutoff[series]
+    train = WindowSet(panel, origins[in_train])
+    val_origins = origins[(origins >= cutoff[series]) & can_split[series]]
+    if len(val_origins) == 0:
+        logger.warning("series too short for a validation split: judging epochs on training loss")
+        return train, None
+    return train, WindowSet(panel, val_origins)

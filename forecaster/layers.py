@@ -2,6 +2,9 @@
 
 Blocks are pre-norm (LayerNorm before each sub-layer, residual after), which trains stably
 without learning-rate warmup tricks and lets the stacks end with one final LayerNorm.
+
+Key masks are boolean (B, N), True where a context token holds at least one observed step; a
+token of pure padding is never attended to.
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ def sinusoidal_positional_encoding(n_positions: int, d_model: int) -> torch.Tens
     return table
 
 
+def _attend_mask(key_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, N) key mask -> (B, 1, 1, N), broadcast over heads and queries."""
+    return None if key_mask is None else key_mask[:, None, None, :]
+
+
 class FeedForward(nn.Module):
     """Position-wise two-layer network with GELU."""
 
@@ -39,6 +47,27 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, D) -> (B, T, D)."""
         return self.net(x)
+
+
+class HorizonDropout(nn.Module):
+    """Drops whole token updates in training, token m of M with probability max_rate * (m+1)/M.
+
+    Applied to the residual branches of the decoder (CATS' query-adaptive masking): a dropped
+    update leaves the token as it was, so far horizon tokens learn to lean on their draft.
+    """
+
+    def __init__(self, max_rate: float):
+        super().__init__()
+        self.max_rate = max_rate
+
+    def forward(self, update: torch.Tensor) -> torch.Tensor:
+        """(B, M, D) -> (B, M, D), unchanged in eval mode."""
+        if not self.training or self.max_rate == 0.0:
+            return update
+        n_tokens = update.shape[1]
+        rate = self.max_rate * torch.arange(1, n_tokens + 1, device=update.device) / n_tokens
+        keep = torch.rand(update.shape[0], n_tokens, 1, device=update.device) >= rate[:, None]
+        return update * keep.to(update.dtype)
 
 
 class EncoderBlock(nn.Module):
@@ -55,11 +84,13 @@ class EncoderBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(
-        self, x: torch.Tensor, return_weights: bool = False
+        self, x: torch.Tensor, key_mask: torch.Tensor | None = None, return_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: (B, N, D) -> ((B, N, D), weights (B, heads, N, N) or None)."""
+        """x: (B, N, D), key_mask: (B, N) -> ((B, N, D), weights (B, heads, N, N) or None)."""
         h = self.self_attention_norm(x)
-        attended = self.self_attention(h, h, h, return_weights=return_weights)
+        attended = self.self_attention(
+            h, h, h, mask=_attend_mask(key_mask), return_weights=return_weights
+        )
         weights = None
         if return_weights:
             attended, weights = attended
@@ -72,7 +103,13 @@ class DecoderBlock(nn.Module):
     """Causal self-attention, cross-attention to the encoder, feed-forward; all pre-norm."""
 
     def __init__(
-        self, d_model: int, n_heads: int, d_ff: int, dropout: float, attention_dropout: float
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        dropout: float,
+        attention_dropout: float,
+        horizon_dropout: float = 0.0,
     ):
         super().__init__()
         self.self_attention_norm = nn.LayerNorm(d_model)
@@ -82,27 +119,38 @@ class DecoderBlock(nn.Module):
         self.feed_forward_norm = nn.LayerNorm(d_model)
         self.feed_forward = FeedForward(d_model, d_ff, dropout)
         self.dropout = nn.Dropout(dropout)
+        self.horizon_dropout = HorizonDropout(horizon_dropout)
 
     def forward(
-        self, x: torch.Tensor, memory: torch.Tensor, return_weights: bool = False
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor,
+        memory_mask: torch.Tensor | None = None,
+        return_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """x: (B, M, D) horizon tokens, memory: (B, N, D) encoder output.
+        """x: (B, M, D) horizon tokens, memory: (B, N, D) encoder output, memory_mask: (B, N).
 
         Returns (B, M, D) and, when asked, self-attention (B, heads, M, M) and
         cross-attention (B, heads, M, N) weights.
         """
+
+        def residual(update: torch.Tensor) -> torch.Tensor:
+            return self.horizon_dropout(self.dropout(update))
+
         h = self.self_attention_norm(x)
         attended = self.self_attention(h, h, h, causal=True, return_weights=return_weights)
         self_weights = cross_weights = None
         if return_weights:
             attended, self_weights = attended
-        x = x + self.dropout(attended)
+        x = x + residual(attended)
         h = self.cross_attention_norm(x)
-        attended = self.cross_attention(h, memory, memory, return_weights=return_weights)
+        attended = self.cross_attention(
+            h, memory, memory, mask=_attend_mask(memory_mask), return_weights=return_weights
+        )
         if return_weights:
             attended, cross_weights = attended
-        x = x + self.dropout(attended)
-        x = x + self.dropout(self.feed_forward(self.feed_forward_norm(x)))
+        x = x + residual(attended)
+        x = x + residual(self.feed_forward(self.feed_forward_norm(x)))
         return x, self_weights, cross_weights
 
 
@@ -136,11 +184,13 @@ class Encoder(nn.Module):
         )
         self.norm = nn.LayerNorm(d_model)
 
-    def forward(self, x: torch.Tensor, return_weights: bool = False) -> EncoderOutput:
-        """(B, N, D) context tokens -> EncoderOutput."""
+    def forward(
+        self, x: torch.Tensor, key_mask: torch.Tensor | None = None, return_weights: bool = False
+    ) -> EncoderOutput:
+        """(B, N, D) context tokens, (B, N) key mask -> EncoderOutput."""
         weights = []
         for layer in self.layers:
-            x, w = layer(x, return_weights)
+            x, w = layer(x, key_mask, return_weights)
             if return_weights:
                 weights.append(w)
         return EncoderOutput(self.norm(x), weights)
@@ -155,21 +205,26 @@ class Decoder(nn.Module):
         d_ff: int,
         dropout: float,
         attention_dropout: float,
+        horizon_dropout: float = 0.0,
     ):
         super().__init__()
         self.layers = nn.ModuleList(
-            DecoderBlock(d_model, n_heads, d_ff, dropout, attention_dropout)
+            DecoderBlock(d_model, n_heads, d_ff, dropout, attention_dropout, horizon_dropout)
             for _ in range(n_layers)
         )
         self.norm = nn.LayerNorm(d_model)
 
     def forward(
-        self, x: torch.Tensor, memory: torch.Tensor, return_weights: bool = False
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor,
+        memory_mask: torch.Tensor | None = None,
+        return_weights: bool = False,
     ) -> DecoderOutput:
         """(B, M, D) horizon tokens attending to (B, N, D) memory -> DecoderOutput."""
         self_weights, cross_weights = [], []
         for layer in self.layers:
-            x, sw, cw = layer(x, memory, return_weights)
+            x, sw, cw = layer(x, memory, memory_mask, return_weights)
             if return_weights:
                 self_weights.append(sw)
                 cross_weights.append(cw)

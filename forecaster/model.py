@@ -1,21 +1,25 @@
 """The patch Transformer encoder-decoder.
 
-    past_values --RevIN--> patches --embed(+covariates, +position)--> Encoder --> memory
-    horizon queries (+future covariates) --> Decoder(causal self-attn, cross-attn) --> heads
+    past_values, past_observed_mask --InstanceScaler--> x (B, L), 0 where unobserved
+    x --linear start--> draft (B, H)
+    x, mask --left-pad to N * P, patch--> (B, N, 2P) --embed (+covariates, +position)--> Encoder
+    draft --patch--> (B, M, P) --embed (+query, +covariates, +position)--> Decoder(causal self-attn,
+        cross-attn to the encoder) --point head--> correction (B, H); mean = draft + correction
 
-Design, after PatchTST (Nie et al., 2023) and CATS (Lu et al., 2024):
-- a token is a patch of P consecutive steps (stride S), so attention costs (L/S)^2, not L^2;
-- channel independence: every series (or variable of a multivariate series) is its own batch
-  row and shares all weights;
-- RevIN normalises each window and restores the scale at the output;
-- the decoder's inputs are learned per-position queries plus the known-future covariates of
-  their horizon patch; all M = H / P_dec horizon tokens are decoded in one pass, with causal
-  self-attention so horizon token t only reads tokens <= t.
+Design, measured on validation windows (README, design section):
+- a token is one seasonal cycle of P steps (24 for hourly data), tokens do not overlap and the
+  last context token ends at the forecast origin, so token n and horizon token m line up with
+  the cycle and attention compares like with like (a day with a day);
+- channel independence: every series is its own batch row and shares all weights;
+- the decoder reads a draft: the linear start's forecast of its horizon patch. Its causal self-attention sees the drafts of earlier horizon patches, its
+  cross-attention the context patches, and it outputs a correction of its draft. The linear
+  start is ridge-fitted before training and the correction head starts at zero, so training
+  begins at the best linear forecast (DLinear's) and keeps it unless validation says otherwise;
+- one normalisation, the mask-aware InstanceScaler: padding and missing steps are invisible.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +29,7 @@ from torch import nn
 from forecaster.config import ModelConfig
 from forecaster.layers import Decoder, Encoder, sinusoidal_positional_encoding
 from forecaster.outputs import ModelOutput
-from forecaster.scaling import InstanceStats, RevIN
+from forecaster.scaling import InstanceScaler, InstanceStats
 
 
 @dataclass
@@ -37,229 +41,174 @@ class ModelAttention:
     cross: list[torch.Tensor]  # (B, heads, M, N)
 
 
+@dataclass
+class NormalizedOutput:
+    """What the forward pass returns: forecasts in the scaler's units (what the loss reads)."""
+
+    mean: torch.Tensor  # (B, H)
+    quantiles: torch.Tensor | None  # (B, H, Q)
+    draft: torch.Tensor  # (B, H) the linear start's forecast (zeros without one)
+    stats: InstanceStats  # each row's location and scale, (B, 1) each
+
+    def denormalize(self) -> ModelOutput:
+        """The forecasts in the input's units and dtype."""
+        quantiles = None
+        if self.quantiles is not None:
+            quantiles = InstanceScaler.denormalize(self.quantiles, self.stats)
+        return ModelOutput(InstanceScaler.denormalize(self.mean, self.stats), quantiles)
+
+
 class PatchTransformer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.config = config
-        c = config
+        self.config = c = config
+        p, d = c.patch, c.d_model
+        self.scaler = InstanceScaler()
+        # A patch is P values and their P observed flags: the model knows what is padding.
+        self.patch_embedding = nn.Linear(2 * p, d)
         n_cov = c.n_covariates
-        self.revin = RevIN() if c.revin else None
-        self.patch_embedding = nn.Linear(c.patch_length, c.d_model)
-        self.past_covariate_embedding = (
-            nn.Linear(c.patch_length * n_cov, c.d_model) if n_cov else None
-        )
-        self.register_buffer(
-            "positional_encoding",
-            sinusoidal_positional_encoding(c.n_patches, c.d_model),
-            persistent=False,
-        )
-        self.horizon_queries = nn.Parameter(torch.randn(c.n_horizon_tokens, c.d_model) * 0.02)
-        self.future_covariate_embedding = (
-            nn.Linear(c.decoder_patch_length * n_cov, c.d_model) if n_cov else None
-        )
+        self.covariate_embedding = nn.Linear(p * n_cov, d) if n_cov else None
+        # One time axis: context tokens at positions 0..N-1, horizon tokens right after them.
+        positions = sinusoidal_positional_encoding(c.n_patches + c.n_horizon_tokens, d)
+        self.register_buffer("positional_encoding", positions, persistent=False)
+        self.horizon_queries = nn.Parameter(torch.randn(c.n_horizon_tokens, d) * 0.02)
+        self.draft_embedding = nn.Linear(p, d)
         self.embedding_dropout = nn.Dropout(c.dropout)
         self.encoder = Encoder(
-            c.n_encoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout, c.attention_dropout
+            c.n_encoder_layers, d, c.n_heads, c.d_ff, c.dropout, c.attention_dropout
         )
         self.decoder = Decoder(
-            c.n_decoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout, c.attention_dropout
+            c.n_decoder_layers,
+            d,
+            c.n_heads,
+            c.d_ff,
+            c.dropout,
+            c.attention_dropout,
+            c.horizon_dropout,
         )
-        self.point_head = nn.Linear(c.d_model, c.decoder_patch_length)
-        self.linear_skip = (
-            nn.Linear(c.context_length, c.prediction_length) if c.linear_skip else None
-        )
-        n_q = len(c.quantiles)
-        self.quantile_head = nn.Linear(c.d_model, c.decoder_patch_length * n_q) if n_q else None
-
-    @torch.no_grad()
-    def fit_linear_skip(
-        self,
-        past_values: torch.Tensor,
-        future_values: torch.Tensor,
-        val_past_values: torch.Tensor | None = None,
-        val_future_values: torch.Tensor | None = None,
-        ridges: tuple[float, ...] = (1e-2, 1e-3, 1e-1, 1.0),
-    ) -> float:
-        """Start from the least-squares linear forecast: ridge-fit the skip, zero the heads.
-
-        past_values (W, L) and future_values (W, H) are training windows in the series' scale;
-        they are normalised as the forward pass normalises them. The ridge strength is chosen
-        on the validation windows when given (the first of `ridges`, 1e-2, otherwise): long horizons
-        want far more shrinkage than short ones. Returns the ridge chosen. The Transformer then
-        begins at the best linear fit (DLinear's) and learns only what it misses.
-        """
-        assert self.linear_skip is not None, "config.linear_skip is off"
-        design, target, _ = self._linear_problem(past_values, future_values)
-        gram = design.T @ design
-        moment = design.T @ target
-        eye = torch.eye(design.shape[1], dtype=torch.float64)
-        validation = None
-        if val_past_values is not None:
-            validation = self._linear_problem(val_past_values, val_future_values)
-        best_error, ridge, solution = math.inf, ridges[0], None
-        for candidate in ridges if validation is not None else ridges[:1]:
-            fitted = torch.linalg.solve(gram + candidate * len(design) * eye, moment)  # (L + 1, H)
-            error = 0.0
-            if validation is not None:
-                val_design, _, stats = validation
-                # Scored in the series' scale, as early stopping scores the whole model.
-                forecast = (val_design @ fitted) * stats.std.double() + stats.mean.double()
-                error = float(torch.mean((forecast - val_future_values.double()) ** 2))
-            if error < best_error or solution is None:
-                best_error, ridge, solution = error, candidate, fitted
-        self.linear_skip.weight.copy_(solution[:-1].T)
-        self.linear_skip.bias.copy_(solution[-1])
+        self.point_head = nn.Linear(d, p)
         nn.init.zeros_(self.point_head.weight)
         nn.init.zeros_(self.point_head.bias)
-        if self.quantile_head is not None:
-            # Start the intervals at the linear fit's residual quantiles, not at zero width.
-            residuals = (target - design @ solution).flatten()  # (W * H,)
-            residuals = residuals[torch.randperm(len(residuals))[:1_000_000]]
-            levels = torch.tensor(self.config.quantiles, dtype=torch.float64)
-            offsets = torch.quantile(residuals, levels).float()  # (Q,)
-            nn.init.zeros_(self.quantile_head.weight)
-            # The head's outputs are laid out (P_dec, Q), quantile fastest.
-            self.quantile_head.bias.copy_(offsets.repeat(self.config.decoder_patch_length))
-        return ridge
+        self.linear_start = (
+            nn.Linear(c.context_length, c.prediction_length) if c.linear_start else None
+        )
+        n_q = len(c.quantiles)
+        self.quantile_head = nn.Linear(d, p * n_q) if n_q else None
 
-    def _linear_problem(
-        self, past_values: torch.Tensor, future_values: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, InstanceStats | None]:
-        """Design (W, L + 1) with a bias column and target (W, H), both as the skip sees them."""
-        if self.revin is not None:
-            normalized, stats = self.revin.normalize(past_values)
-            target = (future_values - stats.mean) / stats.std * self.revin.weight + self.revin.bias
-        else:
-            normalized, target, stats = (
-                past_values,
-                future_values,
-                InstanceStats(torch.zeros(len(past_values), 1), torch.ones(len(past_values), 1)),
-            )
-        design = torch.cat([normalized, torch.ones_like(normalized[:, :1])], dim=1)
-        return design.double(), target.double(), stats
-
-    def _patch(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, L, C) -> (B, N, P * C): end-pad by repeating the last step S times, then unfold."""
+    # -- shapes ---------------------------------------------------------------------------
+    def _context_patches(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, L, C) -> (B, N, P * C): left-pad with zeros to N * P steps, cut into N patches."""
         c = self.config
-        x = torch.cat([x, x[:, -1:].expand(-1, c.patch_stride, -1)], dim=1)  # (B, L + S, C)
-        patches = x.unfold(1, c.patch_length, c.patch_stride)  # (B, N, C, P)
-        return patches.flatten(2)  # (B, N, C * P)
+        pad = c.n_patches * c.patch - c.context_length
+        x = F.pad(x, (0, 0, pad, 0))  # (B, N * P, C)
+        return x.reshape(x.shape[0], c.n_patches, -1)  # (B, N, P * C)
 
-    def _horizon_patches(self, future_covariates: torch.Tensor) -> torch.Tensor:
-        """(B, H, F) -> (B, M, P_dec * F), padding the horizon to M * P_dec with its last step."""
+    def _horizon_patches(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, C) -> (B, M, P * C): right-pad with the last step to M * P steps, cut."""
         c = self.config
-        pad = c.n_horizon_tokens * c.decoder_patch_length - future_covariates.shape[1]
+        pad = c.n_horizon_tokens * c.patch - c.prediction_length
         if pad:
-            future_covariates = torch.cat(
-                [future_covariates, future_covariates[:, -1:].expand(-1, pad, -1)], dim=1
-            )
-        batch = future_covariates.shape[0]
-        # (B, M * P_dec, F) -> (B, M, P_dec * F)
-        return future_covariates.reshape(batch, c.n_horizon_tokens, -1)
+            x = torch.cat([x, x[:, -1:].expand(-1, pad, -1)], dim=1)  # (B, M * P, C)
+        return x.reshape(x.shape[0], c.n_horizon_tokens, -1)  # (B, M, P * C)
 
+    # -- forward --------------------------------------------------------------------------
     def forward(
         self,
         past_values: torch.Tensor,
+        past_observed_mask: torch.Tensor,
         past_covariates: torch.Tensor | None = None,
         future_covariates: torch.Tensor | None = None,
-        future_queries: torch.Tensor | None = None,
         return_attention: bool = False,
-    ) -> tuple[ModelOutput, ModelAttention | None]:
+    ) -> tuple[NormalizedOutput, ModelAttention | None]:
         """Forecast the next H steps of each row.
 
         Args:
-            past_values: (B, L) history, in the series' (scaled) space.
+            past_values: (B, L) history (float64 keeps the precision of large values); any
+                value where the mask is False is ignored.
+            past_observed_mask: (B, L) bool, True where the value was observed.
             past_covariates: (B, L, F) covariates over the history; F = config.n_covariates.
             future_covariates: (B, H, F) the same covariates over the horizon.
-            future_queries: (B, M, D) decoder inputs overriding the learned queries (used by the
-                causality test to perturb one horizon token).
             return_attention: also return every layer's attention weights.
 
         Returns:
-            ModelOutput with mean (B, H) and quantiles (B, H, Q), and the attention or None.
+            NormalizedOutput with mean (B, H) and quantiles (B, H, Q) in the scaler's units
+            (`.denormalize()` maps them back), and the attention or None.
         """
         c = self.config
         batch = past_values.shape[0]
-        stats = None
-        if self.revin is not None:
-            past_values, stats = self.revin.normalize(past_values)
+        dtype = self.patch_embedding.weight.dtype
+        x, stats = self.scaler(past_values, past_observed_mask, dtype)  # (B, L)
+        observed = past_observed_mask.to(dtype)
 
-        tokens = self.patch_embedding(self._patch(past_values.unsqueeze(-1)))  # (B, N, D)
-        if self.past_covariate_embedding is not None:
+        if self.linear_start is not None:
+            draft = self.linear_start(x)  # (B, H)
+        else:
+            draft = x.new_zeros(batch, c.prediction_length)
+
+        tokens = self.patch_embedding(
+            self._context_patches(torch.stack([x, observed], dim=-1))
+        )  # (B, N, D)
+        key_mask = self._context_patches(past_observed_mask.unsqueeze(-1)).any(dim=-1)  # (B, N)
+        queries = (
+            self.draft_embedding(self._horizon_patches(draft.unsqueeze(-1))) + self.horizon_queries
+        )  # (B, M, D)
+        if self.covariate_embedding is not None:
             assert past_covariates is not None and future_covariates is not None, (
                 "covariates required"
             )
-            tokens = tokens + self.past_covariate_embedding(self._patch(past_covariates))
-        tokens = self.embedding_dropout(tokens + self.positional_encoding)
-        encoded = self.encoder(tokens, return_weights=return_attention)
-
-        queries = (
-            self.horizon_queries.expand(batch, -1, -1) if future_queries is None else future_queries
-        )
-        if self.future_covariate_embedding is not None:
-            queries = queries + self.future_covariate_embedding(
-                self._horizon_patches(future_covariates)
+            # Covariates of padded steps are zeroed, so padding stays invisible.
+            past_covariates = past_covariates.to(dtype) * observed.unsqueeze(-1)
+            tokens = tokens + self.covariate_embedding(self._context_patches(past_covariates))
+            queries = queries + self.covariate_embedding(
+                self._horizon_patches(future_covariates.to(dtype))
             )
-        decoded = self.decoder(
-            self.embedding_dropout(queries), encoded.hidden, return_weights=return_attention
-        )
+        n = c.n_patches
+        tokens = self.embedding_dropout(tokens + self.positional_encoding[:n])
+        # No dropout on the queries: they carry the draft the decoder corrects.
+        queries = queries + self.positional_encoding[n:]
+        encoded = self.encoder(tokens, key_mask, return_weights=return_attention)
+        decoded = self.decoder(queries, encoded.hidden, key_mask, return_weights=return_attention)
 
         h = c.prediction_length
-        # (B, M, P_dec) -> (B, M * P_dec) -> (B, H)
-        mean = self.point_head(decoded.hidden).reshape(batch, -1)[:, :h]
-        if self.linear_skip is not None:
-            skip = self.linear_skip(past_values)  # (B, H), from the normalised context
-            mean = mean + skip
+        # (B, M, P) -> (B, M * P) -> (B, H)
+        correction = self.point_head(decoded.hidden).reshape(batch, -1)[:, :h]
+        mean = draft + correction
         quantiles = None
         if self.quantile_head is not None:
-            # (B, M, P_dec * Q) -> (B, M * P_dec, Q) -> (B, H, Q)
-            quantiles = self.quantile_head(decoded.hidden).reshape(batch, -1, len(c.quantiles))[
-                :, :h
-            ]
-            if self.linear_skip is not None:
-                quantiles = quantiles + skip.unsqueeze(-1)
+            # The intervals are offsets around the point forecast, read from the decoder's
+            # features without letting the pinball loss move the point forecast.
+            offsets = self.quantile_head(decoded.hidden.detach())
+            # (B, M, P * Q) -> (B, M * P, Q) -> (B, H, Q)
+            offsets = offsets.reshape(batch, -1, len(c.quantiles))[:, :h]
             # Sorting keeps quantiles from crossing without constraining what the head learns.
-            quantiles = quantiles.sort(dim=-1).values
-        if stats is not None:
-            mean = self.revin.denormalize(mean, stats)
-            if quantiles is not None:
-                quantiles = self.revin.denormalize(quantiles, stats)
-        if c.loss == "pinball":
-            mean = quantiles[..., c.quantiles.index(0.5)]
+            quantiles = (mean.detach().unsqueeze(-1) + offsets).sort(dim=-1).values
 
         attention = None
         if return_attention:
             attention = ModelAttention(
                 encoded.self_attention, decoded.self_attention, decoded.cross_attention
             )
-        return ModelOutput(mean=mean, quantiles=quantiles), attention
+        return NormalizedOutput(mean, quantiles, draft, stats), attention
 
 
 def pinball_loss(
-    quantile_predictions: torch.Tensor, target: torch.Tensor, quantiles: torch.Tensor
+    quantile_predictions: torch.Tensor,
+    target: torch.Tensor,
+    quantiles: torch.Tensor,
+    weight: torch.Tensor,
 ) -> torch.Tensor:
-    """Mean quantile loss. quantile_predictions (B, H, Q), target (B, H), quantiles (Q,)."""
+    """Weighted mean quantile loss. predictions (B, H, Q), target and weight (B, H), levels (Q,)."""
     error = target.unsqueeze(-1) - quantile_predictions  # (B, H, Q)
-    return torch.maximum(quantiles * error, (quantiles - 1) * error).mean()
+    loss = torch.maximum(quantiles * error, (quantiles - 1) * error).mean(dim=-1)  # (B, H)
+    return (loss * weight).sum() / weight.sum().clamp(min=1e-12)
 
 
-def point_loss(output: ModelOutput, target: torch.Tensor, config: ModelConfig) -> torch.Tensor:
-    """Loss of the point forecast under config.loss (pinball: the median's absolute error / 2)."""
-    if config.loss == "mse":
-        return F.mse_loss(output.mean, target)
-    if config.loss == "huber":
-        return F.huber_loss(output.mean, target, delta=1.0)
-    loss = F.l1_loss(output.mean, target)
-    return loss / 2 if config.loss == "pinball" else loss
-
-
-def forecast_loss(output: ModelOutput, target: torch.Tensor, config: ModelConfig) -> torch.Tensor:
-    """The training objective: point loss (config.loss) plus weighted pinball on the quantiles."""
-    if output.quantiles is None:
-        return point_loss(output, target, config)
-    q = torch.tensor(config.quantiles, device=target.device, dtype=output.quantiles.dtype)
-    if config.loss == "pinball":
-        return pinball_loss(output.quantiles, target, q)
-    return point_loss(output, target, config) + config.quantile_loss_weight * pinball_loss(
-        output.quantiles, target, q
-    )
+def point_loss(error: torch.Tensor, weight: torch.Tensor, loss: str) -> torch.Tensor:
+    """Weighted mean of the point loss of `error` (B, H); weight (B, H) is 0 where unobserved."""
+    if loss == "mse":
+        per_step = error**2
+    elif loss == "huber":
+        per_step = F.huber_loss(error, torch.zeros_like(error), reduction="none", delta=1.0)
+    else:
+        per_step = error.abs()
+    return (per_step * weight).sum() / weight.sum().clamp(min=1e-12)

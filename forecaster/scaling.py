@@ -1,98 +1,70 @@
-"""All scaling in one place.
+"""The one normalisation: a mask-aware instance scaler inside the model.
 
-Two levels, as in the long-term forecasting literature:
-- `SeriesScaler`: one mean/std per series, fitted on the training data and saved with the
-  model. Training windows live in this space so every series weighs the same in the loss.
-- `RevIN`: reversible instance normalisation inside the model. Each input window is
-  standardised by its own mean/std and the forecast is mapped back, which makes the model
-  robust to level shifts between training and serving.
+Each window's context is standardised by the mean and standard deviation of its observed
+values (as Hugging Face's `PatchTSTStdScaler` does with `past_observed_mask`), the model works in
+that space, and its forecast is mapped back. Unobserved steps (left padding of a short series,
+NaNs, missing timestamps) take no part in the statistics and are set to 0 afterwards, so their
+values cannot leak into the forecast.
 
-Because RevIN removes each window's mean and scale, a forecast does not depend on the
-series-level scaling at prediction time; series unseen in training are scaled by their own
-history.
+The statistics are computed in the input's dtype: windows arrive as float64, so a series at
+1e9 that moves by units keeps its precision; the normalised values are then cast to the model's
+dtype.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
 
+# Below this standard deviation (relative to the level) a context counts as constant.
+_RELATIVE_TOLERANCE = 1e-10
 
-@dataclass
+
+@dataclass(frozen=True)
 class InstanceStats:
-    mean: torch.Tensor  # (B, 1)
-    std: torch.Tensor  # (B, 1)
+    """Location and scale of each row's observed context, in the input's dtype."""
+
+    loc: torch.Tensor  # (B, 1)
+    scale: torch.Tensor  # (B, 1), > 0
 
 
-class RevIN(nn.Module):
-    """Reversible instance normalisation (Kim et al., ICLR 2022) with a learned affine map."""
+class InstanceScaler(nn.Module):
+    """Standardise each row by the mean and std of its observed values; no parameters."""
 
-    def __init__(self, eps: float = 1e-5, affine: bool = True):
-        super().__init__()
-        self.eps = eps
-        self.affine = affine
-        if affine:
-            self.weight = nn.Parameter(torch.ones(1))
-            self.bias = nn.Parameter(torch.zeros(1))
+    def forward(
+        self, values: torch.Tensor, observed: torch.Tensor, dtype: torch.dtype = torch.float32
+    ) -> tuple[torch.Tensor, InstanceStats]:
+        """Normalise (B, L) values whose observed steps are True in `observed` (B, L).
 
-    def normalize(self, x: torch.Tensor) -> tuple[torch.Tensor, InstanceStats]:
-        """x: (B, L) -> normalised (B, L) and the statistics to undo it."""
-        mean = x.mean(dim=1, keepdim=True).detach()
-        std = torch.sqrt(x.var(dim=1, keepdim=True, unbiased=False) + self.eps).detach()
-        x = (x - mean) / std
-        if self.affine:
-            x = x * self.weight + self.bias
-        return x, InstanceStats(mean, std)
+        Returns the normalised values in `dtype` (0 at unobserved steps) and the statistics.
+        A row with one observed value, or a constant row, is scaled by its level (by 1 when the
+        level is 0) instead of a zero standard deviation.
+        """
+        stats = self.statistics(values, observed)
+        normalized = (values - stats.loc) / stats.scale
+        normalized = torch.where(observed, normalized, torch.zeros_like(normalized))
+        return normalized.to(dtype), stats
 
-    def denormalize(self, y: torch.Tensor, stats: InstanceStats) -> torch.Tensor:
-        """y: (B, H) or (B, H, Q) in normalised space -> the input's scale."""
+    @staticmethod
+    def statistics(values: torch.Tensor, observed: torch.Tensor) -> InstanceStats:
+        """Mean and std of the observed values of each row (B, L) -> (B, 1) each."""
+        # Masked values may be anything (even NaN): select before any arithmetic on them.
+        zeros = torch.zeros_like(values)
+        count = observed.sum(dim=1, keepdim=True).to(values.dtype).clamp(min=1.0)
+        loc = torch.where(observed, values, zeros).sum(dim=1, keepdim=True) / count
+        centered = torch.where(observed, values - loc, zeros)
+        std = torch.sqrt((centered**2).sum(dim=1, keepdim=True) / count)
+        level = loc.abs()
+        fallback = torch.where(level > 0, level, torch.ones_like(level))
+        degenerate = std <= _RELATIVE_TOLERANCE * (1.0 + level)
+        return InstanceStats(loc=loc, scale=torch.where(degenerate, fallback, std))
+
+    @staticmethod
+    def denormalize(y: torch.Tensor, stats: InstanceStats) -> torch.Tensor:
+        """(B, H) or (B, H, Q) in normalised units -> the input's scale and dtype."""
         extra = (1,) * (y.dim() - 2)
-        mean = stats.mean.view(-1, 1, *extra)
-        std = stats.std.view(-1, 1, *extra)
-        if self.affine:
-            y = (y - self.bias) / (self.weight + self.eps * self.eps)
-        return y * std + mean
-
-
-@dataclass
-class SeriesScaler:
-    """Per-series standardisation fitted on training data; JSON-serialisable state."""
-
-    means: dict[str, float]
-    stds: dict[str, float]
-
-    @classmethod
-    def fit(cls, ids: np.ndarray, values: np.ndarray) -> SeriesScaler:
-        """ids, values: flat arrays of one long frame's `unique_id` and `y` columns."""
-        means: dict[str, float] = {}
-        stds: dict[str, float] = {}
-        order = np.argsort(ids, kind="stable")
-        sorted_ids, sorted_values = ids[order], values[order]
-        boundaries = np.flatnonzero(sorted_ids[1:] != sorted_ids[:-1]) + 1
-        for chunk_ids, chunk in zip(
-            np.split(sorted_ids, boundaries), np.split(sorted_values, boundaries), strict=True
-        ):
-            std = float(chunk.std())
-            means[str(chunk_ids[0])] = float(chunk.mean())
-            stds[str(chunk_ids[0])] = std if std > 1e-8 else 1.0
-        return cls(means, stds)
-
-    def stats_for(self, series_id: str, history: np.ndarray) -> tuple[float, float]:
-        """Mean/std of a known series, else of the given history (see module docstring)."""
-        if series_id in self.means:
-            return self.means[series_id], self.stds[series_id]
-        std = float(history.std())
-        return float(history.mean()), std if std > 1e-8 else 1.0
-
-    def to_dict(self) -> dict[str, dict[str, float]]:
-        return {"means": self.means, "stds": self.stds}
-
-    @classmethod
-    def from_dict(cls, state: dict[str, dict[str, float]]) -> SeriesScaler:
-        return cls(
-            {str(k): float(v) for k, v in state["means"].items()},
-            {str(k): float(v) for k, v in state["stds"].items()},
-        )
+        loc = stats.loc.view(-1, 1, *extra)
+        scale = stats.scale.view(-1, 1, *extra)
+        return y.to(loc.dtype) * scale + loc

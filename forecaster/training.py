@@ -1,8 +1,16 @@
 """The training loop.
 
-AdamW with linear warmup and cosine decay, gradient clipping, early stopping on validation
-loss with the best weights restored, bf16 autocast on CUDA, optional torch.compile, and
-DistributedDataParallel when launched by `torchrun` (nccl on GPU, gloo on CPU).
+1. The linear start is fitted in closed form (ridge regression on the normalised training
+   windows), its ridge strength chosen by blocked 5-fold cross-validation over time on the
+   training windows, never on the validation windows that later judge the Transformer.
+2. AdamW with warmup, nanoGPT's parameter groups (weight decay on weight matrices only) and the
+   linear start in a group of its own at a fraction of the learning rate.
+3. After each epoch the validation loss decides: a better model is kept; on a plateau the best
+   weights come back and the learning rate decays (the optimiser's moments restart); after
+   `max_lr_decays` plateaus training stops. Epoch 0, the linear start, is a candidate too.
+
+bf16 autocast on CUDA, optional torch.compile, and DistributedDataParallel when launched by
+`torchrun` (nccl on GPU, gloo on CPU).
 """
 
 from __future__ import annotations
@@ -24,13 +32,26 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from forecaster.config import ModelConfig, TrainConfig
-from forecaster.model import PatchTransformer, forecast_loss, point_loss
-from forecaster.windows import SeriesPanel, gather_windows
+from forecaster.model import NormalizedOutput, PatchTransformer, pinball_loss, point_loss
+from forecaster.scaling import InstanceStats
+from forecaster.windows import SeriesPanel, WindowBatch, gather_windows
 
 logger = logging.getLogger(__name__)
 
-# Windows used for the least-squares start of the linear skip (evenly spaced).
-LINEAR_INIT_WINDOWS = 50_000
+# Windows used for the closed-form linear start (evenly spaced over the training windows).
+LINEAR_START_WINDOWS = 50_000
+# Ridge strengths tried for the linear start, as multiples of the number of windows.
+LINEAR_START_RIDGES = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
+# Blocked cross-validation folds (consecutive stretches of each series' windows).
+LINEAR_START_FOLDS = 5
+
+
+@dataclass(frozen=True)
+class WindowSet:
+    """Windows of one panel: its series and the origins (first forecast steps) to use."""
+
+    panel: SeriesPanel
+    origins: np.ndarray  # (W,) int64
 
 
 @dataclass(frozen=True)
@@ -40,7 +61,7 @@ class EpochLog:
     epoch: int  # 1-based
     train_loss: float
     val_loss: float | None  # None when there is no validation data
-    learning_rate: float  # at the end of the epoch
+    learning_rate: float  # during the epoch
     seconds: float  # wall time of the epoch
     is_best: bool  # this epoch's weights are the best so far (kept)
 
@@ -48,7 +69,7 @@ class EpochLog:
 @dataclass(frozen=True)
 class TrainResult:
     epochs: list[EpochLog]
-    best_epoch: int
+    best_epoch: int  # 0: the linear start was never beaten
     best_val_loss: float | None
     seconds: float
     device: str
@@ -56,6 +77,10 @@ class TrainResult:
     stopped_early: bool = False
     n_train_windows: int = 0
     n_val_windows: int = 0
+    # Validation loss of the model before gradient training (the linear start alone).
+    initial_val_loss: float | None = None
+    # Ridge strength of the linear start, chosen by cross-validation; None without one.
+    linear_start_ridge: float | None = None
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -69,6 +94,13 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def evenly_spaced(items: np.ndarray, limit: int) -> np.ndarray:
+    """At most `limit` of `items`, evenly spaced over them (all of them when limit is 0)."""
+    if limit == 0 or len(items) <= limit:
+        return items
+    return items[np.linspace(0, len(items) - 1, limit).round().astype(np.int64)]
 
 
 @dataclass
@@ -100,66 +132,178 @@ def _setup_distributed(device: torch.device) -> tuple[_Distributed, torch.device
     return _Distributed(dist.get_rank(), dist.get_world_size(), local_rank), device
 
 
-def _lr_lambda(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-    return factor
+# ------------------------------------------------------------------------------------------
+# the linear start
 
 
-def evenly_spaced(starts: np.ndarray, limit: int) -> np.ndarray:
-    """At most `limit` of `starts`, evenly spaced over them (all of them when limit is 0)."""
-    if limit == 0 or len(starts) <= limit:
-        return starts
-    return starts[np.linspace(0, len(starts) - 1, limit).round().astype(np.int64)]
+@torch.no_grad()
+def fit_linear_start(model: PatchTransformer, train: WindowSet, device: torch.device) -> float:
+    """Ridge-fit the linear start on normalised training windows; start the heads from it.
+
+    The ridge strength is the one of LINEAR_START_RIDGES with the lowest error under blocked
+    cross-validation: each series' windows are cut into LINEAR_START_FOLDS consecutive
+    stretches, and each stretch is predicted by the fit on the others. Windows with a full
+    context are used when there are any. Returns the ridge chosen.
+    """
+    mc = model.config
+    assert model.linear_start is not None, "config.linear_start is off"
+    panel = train.panel
+    full = train.origins[
+        train.origins - panel.offsets[panel.series_of(train.origins)] >= mc.context_length
+    ]
+    origins = evenly_spaced(full if len(full) else train.origins, LINEAR_START_WINDOWS)
+    batch = gather_windows(panel, origins, mc.context_length, mc.prediction_length).to(device)
+    x, stats = model.scaler(batch.past_values, batch.past_observed_mask, torch.float64)
+    target = _normalized_target(batch, stats).double()
+    observed = batch.future_observed_mask
+    target = torch.where(observed, target, torch.zeros_like(target))
+    design = torch.cat([x, torch.ones_like(x[:, :1])], dim=1)  # (W, L + 1)
+
+    fold = _blocked_folds(panel.series_of(origins), LINEAR_START_FOLDS)
+    gram, moment = design.T @ design, design.T @ target
+    eye = torch.eye(design.shape[1], dtype=torch.float64, device=device)
+    parts = []
+    for k in range(LINEAR_START_FOLDS):
+        rows = torch.from_numpy(fold == k).to(device)
+        if rows.any() and not rows.all():
+            d = design[rows]
+            parts.append((d, target[rows], observed[rows], d.T @ d, d.T @ target[rows]))
+    best_error, ridge = math.inf, LINEAR_START_RIDGES[0]
+    for candidate in LINEAR_START_RIDGES if parts else ():
+        error = 0.0
+        for d, t, o, g, m in parts:
+            n = len(design) - len(d)
+            solution = torch.linalg.solve(gram - g + candidate * n * eye, moment - m)
+            error += float((((d @ solution - t) ** 2) * o).sum())
+        if error < best_error:
+            best_error, ridge = error, candidate
+    solution = torch.linalg.solve(gram + ridge * len(design) * eye, moment)  # (L + 1, H)
+    model.linear_start.weight.copy_(solution[:-1].T)
+    model.linear_start.bias.copy_(solution[-1])
+    if model.quantile_head is not None:
+        # Start the intervals at the linear fit's residual quantiles, not at zero width.
+        residuals = (target - design @ solution)[observed]
+        residuals = residuals[torch.randperm(len(residuals), device=device)[:1_000_000]]
+        levels = torch.tensor(mc.quantiles, dtype=torch.float64, device=device)
+        offsets = torch.quantile(residuals, levels)  # (Q,)
+        nn.init.zeros_(model.quantile_head.weight)
+        # The head's outputs are laid out (P, Q), quantile fastest.
+        model.quantile_head.bias.copy_(offsets.repeat(mc.patch))
+    return ridge
+
+
+def _blocked_folds(series: np.ndarray, n_folds: int) -> np.ndarray:
+    """Fold of each window: its rank among its series' windows, cut into n_folds runs.
+
+    `series` (the series of each window, windows in panel order) is non-decreasing.
+    """
+    first = np.searchsorted(series, series, side="left")
+    size = np.searchsorted(series, series, side="right") - first
+    rank = np.arange(len(series)) - first
+    return np.minimum(rank * n_folds // size, n_folds - 1)
+
+
+# ------------------------------------------------------------------------------------------
+# losses
+
+
+def _normalized_target(batch: WindowBatch, stats: InstanceStats) -> torch.Tensor:
+    """The targets in the scaler's units (0 where unobserved), float64."""
+    target = (batch.future_values - stats.loc) / stats.scale
+    return torch.where(batch.future_observed_mask, target, torch.zeros_like(target))
+
+
+def horizon_weights(config: ModelConfig, device: torch.device) -> torch.Tensor:
+    """(H,) weight of each horizon step in the training loss, mean 1 (see ModelConfig)."""
+    steps = torch.arange(1, config.prediction_length + 1, dtype=torch.float32, device=device)
+    weights = steps ** (-config.horizon_weight_decay)
+    return weights / weights.mean()
+
+
+def window_loss(
+    output: NormalizedOutput,
+    batch: WindowBatch,
+    config: ModelConfig,
+    step_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(objective, point loss) of a batch, errors counted in each series' units.
+
+    The objective is the point loss under `step_weights` (H,) plus the weighted pinball loss of
+    the quantiles; the point loss alone, unweighted over the horizon, is what validation reads.
+    """
+    dtype, stats = output.mean.dtype, output.stats
+    unit = (stats.scale / batch.loss_scale).to(dtype)  # (B, 1): normalised -> series units
+    target = _normalized_target(batch, stats).to(dtype) * unit
+    mean = output.mean * unit
+    observed = batch.future_observed_mask.to(dtype)
+    plain = point_loss(mean - target, observed, config.loss)
+    weights = observed if step_weights is None else observed * step_weights
+    objective = plain if step_weights is None else point_loss(mean - target, weights, config.loss)
+    if output.quantiles is not None and config.quantile_loss_weight > 0:
+        levels = torch.tensor(config.quantiles, dtype=dtype, device=target.device)
+        quantile_term = pinball_loss(output.quantiles * unit.unsqueeze(-1), target, levels, weights)
+        objective = objective + config.quantile_loss_weight * quantile_term
+    return objective, plain
+
+
+# ------------------------------------------------------------------------------------------
+# the loop
+
+
+def _parameter_groups(model: PatchTransformer, config: TrainConfig) -> list[dict]:
+    """nanoGPT's grouping: decay weight matrices only; the linear start on its own."""
+    decay, no_decay, linear = [], [], []
+    for name, parameter in model.named_parameters():
+        if name.startswith("linear_start."):
+            linear.append(parameter)
+        elif parameter.dim() >= 2 and name != "horizon_queries":
+            decay.append(parameter)
+        else:
+            no_decay.append(parameter)
+    groups = [
+        {"params": decay, "weight_decay": config.weight_decay, "lr_scale": 1.0},
+        {"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0},
+    ]
+    if linear:
+        groups.append(
+            {"params": linear, "weight_decay": 0.0, "lr_scale": config.linear_start_lr_scale}
+        )
+    return groups
+
+
+def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    return copy.deepcopy({k: v.detach().cpu() for k, v in model.state_dict().items()})
 
 
 def train_model(
     model: PatchTransformer,
-    train_panel: SeriesPanel,
-    val_panel: SeriesPanel | None,
+    train: WindowSet,
+    val: WindowSet | None,
     config: TrainConfig,
     callbacks: Sequence[Callable[[EpochLog], None]] = (),
 ) -> TrainResult:
-    """Fit `model` in place on every stride-1 window of `train_panel`.
+    """Fit `model` in place on the windows of `train`, judged on those of `val`.
 
-    The model ends with the weights of the epoch of lowest validation loss (or the last
-    epoch when there is no validation data). Returns the per-epoch history.
+    The model ends with the weights of the epoch of lowest validation loss (epoch 0 being the
+    linear start), or of the last epoch when there is no validation data.
     """
     mc: ModelConfig = model.config
-    window = mc.context_length + mc.prediction_length
-    train_starts = train_panel.window_starts(window)
-    if len(train_starts) == 0:
+    if len(train.origins) == 0:
         raise ValueError(
-            "no training window: every series is shorter than context + prediction length"
+            f"no training window: every series is shorter than prediction_length + 1 = "
+            f"{mc.prediction_length + 1} observed steps"
         )
-    val_starts = val_panel.window_starts(window) if val_panel is not None else np.empty(0, np.int64)
-    val_starts = evenly_spaced(val_starts, config.max_val_windows)
+    val_origins = np.empty(0, np.int64) if val is None else val.origins
+    val_origins = evenly_spaced(val_origins, config.max_val_windows)
+    has_val = len(val_origins) > 0
 
     world, device = _setup_distributed(resolve_device(config.device))
     seed_everything(config.seed)
-    if model.linear_skip is not None:
-        init_starts = evenly_spaced(train_starts, LINEAR_INIT_WINDOWS)
-        init = gather_windows(train_panel, init_starts, mc.context_length, mc.prediction_length)
-        val_init = None
-        if len(val_starts):
-            val_init = gather_windows(
-                val_panel,
-                evenly_spaced(val_starts, LINEAR_INIT_WINDOWS),
-                mc.context_length,
-                mc.prediction_length,
-            )
-        linear_ridge = model.fit_linear_skip(
-            init.past_values,
-            init.future_values,
-            None if val_init is None else val_init.past_values,
-            None if val_init is None else val_init.future_values,
-        )
-        logger.info("linear start: ridge %g chosen on validation windows", linear_ridge)
     model.to(device)
+    ridge = None
+    if model.linear_start is not None:
+        ridge = fit_linear_start(model, train, device)
+        logger.info("linear start: ridge %g chosen by cross-validation", ridge)
     train_module: nn.Module = model
     if world.enabled:
         train_module = nn.parallel.DistributedDataParallel(
@@ -168,18 +312,15 @@ def train_model(
     if config.compile:
         train_module = torch.compile(train_module)
 
-    per_epoch = len(train_starts)
+    per_epoch = len(train.origins)
     if config.max_windows_per_epoch:
         per_epoch = min(per_epoch, config.max_windows_per_epoch)
     # Every rank takes the same number of steps, or DDP's all-reduce would wait forever.
     steps_per_epoch = max(1, per_epoch // (config.batch_size * world.world_size))
-    total_steps = steps_per_epoch * config.max_epochs
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, _lr_lambda(total_steps, max(1, int(config.warmup_fraction * total_steps)))
-    )
+    # Warm up over at most one epoch, so that small data sets train from their first epoch.
+    warmup_steps = min(config.warmup_steps, steps_per_epoch)
+    groups = _parameter_groups(model, config)
+    step_weights = horizon_weights(mc, device)
     autocast = (
         torch.autocast("cuda", dtype=torch.bfloat16)
         if device.type == "cuda" and config.bf16
@@ -187,19 +328,22 @@ def train_model(
     )
     rng = np.random.default_rng(config.seed)  # same on every rank: ranks shard one permutation
 
+    def evaluate() -> float:
+        return evaluate_loss(model, WindowSet(val.panel, val_origins), config, device, world)
+
     history: list[EpochLog] = []
-    best_loss, best_epoch, best_state = math.inf, 0, None
-    if len(val_starts):
-        # Epoch 0 is a candidate: training must beat the initial (linear) fit to replace it.
-        best_loss = evaluate_loss(model, val_panel, val_starts, config, device, world)
-        best_state = copy.deepcopy({k: v.detach().cpu() for k, v in model.state_dict().items()})
-    epochs_without_improvement = 0
+    initial = evaluate() if has_val else None
+    if world.is_main and initial is not None:
+        logger.info("epoch 0 (before gradient training) val_loss=%.5f", initial)
+    best_loss, best_epoch, best_state = (initial if has_val else math.inf), 0, _snapshot(model)
+    optimizer = torch.optim.AdamW(groups, lr=config.learning_rate)
+    lr_factor, decays, stale, step = 1.0, 0, 0, 0
     started = time.perf_counter()
     stopped_early = False
     for epoch in range(1, config.max_epochs + 1):
         epoch_started = time.perf_counter()
         model.train()
-        order = rng.permutation(train_starts)[
+        order = rng.permutation(train.origins)[
             : steps_per_epoch * config.batch_size * world.world_size
         ]
         shard = order[world.rank :: world.world_size]
@@ -210,76 +354,94 @@ def train_model(
             disable=not (config.progress and world.is_main),
             leave=False,
         )
-        for step in bar:
-            starts = shard[step * config.batch_size : (step + 1) * config.batch_size]
-            batch = gather_windows(train_panel, starts, mc.context_length, mc.prediction_length).to(
-                device
-            )
+        for batch_index in bar:
+            step += 1
+            warmup = min(1.0, step / warmup_steps) if warmup_steps else 1.0
+            learning_rate = config.learning_rate * lr_factor * warmup
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate * group["lr_scale"]
+            origins = shard[batch_index * config.batch_size : (batch_index + 1) * config.batch_size]
+            batch = gather_windows(
+                train.panel, origins, mc.context_length, mc.prediction_length
+            ).to(device)
             with autocast:
                 output, _ = train_module(
-                    batch.past_values, batch.past_covariates, batch.future_covariates
+                    batch.past_values,
+                    batch.past_observed_mask,
+                    batch.past_covariates,
+                    batch.future_covariates,
                 )
-                loss = forecast_loss(output, batch.future_values, mc)
+            loss, _ = window_loss(_float(output), batch, mc, step_weights)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if config.grad_clip:
                 nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
-            scheduler.step()
             running += loss.item()
             seen += 1
             bar.set_postfix(loss=f"{running / seen:.4f}")
         bar.close()
         train_loss = _mean_across_ranks(running / max(seen, 1), world, device)
-        val_loss = (
-            evaluate_loss(model, val_panel, val_starts, config, device, world)
-            if len(val_starts)
-            else None
-        )
+        val_loss = evaluate() if has_val else None
         monitored = val_loss if val_loss is not None else train_loss
         is_best = monitored < best_loss
         if is_best:
-            best_loss, best_epoch, epochs_without_improvement = monitored, epoch, 0
-            best_state = copy.deepcopy({k: v.detach().cpu() for k, v in model.state_dict().items()})
+            best_loss, best_epoch, stale = monitored, epoch, 0
+            best_state = _snapshot(model)
         else:
-            epochs_without_improvement += 1
-        log = EpochLog(
-            epoch,
-            train_loss,
-            val_loss,
-            scheduler.get_last_lr()[0],
-            time.perf_counter() - epoch_started,
-            is_best,
+            stale += 1
+        history.append(
+            EpochLog(
+                epoch,
+                train_loss,
+                val_loss,
+                config.learning_rate * lr_factor,
+                time.perf_counter() - epoch_started,
+                is_best,
+            )
         )
-        history.append(log)
         if world.is_main:
             logger.info(
-                "epoch %d train_loss=%.5f val_loss=%s (%.1fs)",
+                "epoch %d train_loss=%.5f val_loss=%s lr=%.2g (%.1fs)",
                 epoch,
                 train_loss,
                 "n/a" if val_loss is None else f"{val_loss:.5f}",
-                log.seconds,
+                config.learning_rate * lr_factor,
+                history[-1].seconds,
             )
             for callback in callbacks:
-                callback(log)
-        if val_loss is not None and epochs_without_improvement >= config.patience:
-            stopped_early = True
-            break
+                callback(history[-1])
+        if stale >= config.patience:
+            if decays >= config.max_lr_decays:
+                stopped_early = True
+                break
+            # A plateau: go back to the best weights and take smaller steps from there.
+            decays, stale = decays + 1, 0
+            lr_factor *= config.lr_decay
+            model.load_state_dict(best_state)
+            optimizer = torch.optim.AdamW(groups, lr=config.learning_rate * lr_factor)
 
-    if best_state is not None:
-        model.load_state_dict(best_state)
+    model.load_state_dict(best_state)
     model.eval()
     return TrainResult(
         epochs=history,
         best_epoch=best_epoch,
-        best_val_loss=best_loss if len(val_starts) else None,
+        best_val_loss=best_loss if has_val else None,
         seconds=time.perf_counter() - started,
         device=str(device),
         world_size=world.world_size,
         stopped_early=stopped_early,
-        n_train_windows=len(train_starts),
-        n_val_windows=len(val_starts),
+        n_train_windows=len(train.origins),
+        n_val_windows=len(val_origins),
+        initial_val_loss=initial,
+        linear_start_ridge=ridge,
     )
+
+
+def _float(output: NormalizedOutput) -> NormalizedOutput:
+    """Losses in float32, whatever the autocast dtype of the forward pass."""
+    quantiles = None if output.quantiles is None else output.quantiles.float()
+    return NormalizedOutput(output.mean.float(), quantiles, output.draft.float(), output.stats)
 
 
 def _mean_across_ranks(value: float, world: _Distributed, device: torch.device) -> float:
@@ -293,29 +455,37 @@ def _mean_across_ranks(value: float, world: _Distributed, device: torch.device) 
 @torch.inference_mode()
 def evaluate_loss(
     model: PatchTransformer,
-    panel: SeriesPanel,
-    starts: np.ndarray,
+    windows: WindowSet,
     config: TrainConfig,
     device: torch.device,
     world: _Distributed | None = None,
 ) -> float:
-    """Mean point-forecast loss over the given windows (sharded across ranks under DDP).
+    """Mean point loss over the given windows, in series units (sharded across ranks under DDP).
 
-    Early stopping watches the point forecast alone: the quantile term of the objective keeps
-    falling while the intervals widen, which would hide a point forecast getting worse.
+    Validation watches the point forecast alone, every horizon step alike: the quantile term of
+    the objective keeps falling while the intervals widen, which would hide a point forecast
+    getting worse.
     """
     world = world or _Distributed()
     mc = model.config
     model.eval()
-    shard = starts[world.rank :: world.world_size]
-    total = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, window count
-    batch_size = config.predict_batch_size
-    for begin in range(0, len(shard), batch_size):
-        chunk = shard[begin : begin + batch_size]
-        batch = gather_windows(panel, chunk, mc.context_length, mc.prediction_length).to(device)
-        output, _ = model(batch.past_values, batch.past_covariates, batch.future_covariates)
-        total[0] += point_loss(output, batch.future_values, mc).double() * len(chunk)
-        total[1] += len(chunk)
+    shard = windows.origins[world.rank :: world.world_size]
+    total = torch.zeros(2, dtype=torch.float64, device=device)  # weighted loss sum, weight sum
+    for begin in range(0, len(shard), config.predict_batch_size):
+        chunk = shard[begin : begin + config.predict_batch_size]
+        batch = gather_windows(windows.panel, chunk, mc.context_length, mc.prediction_length).to(
+            device
+        )
+        output, _ = model(
+            batch.past_values,
+            batch.past_observed_mask,
+            batch.past_covariates,
+            batch.future_covariates,
+        )
+        _, loss = window_loss(_float(output), batch, mc)
+        weight = batch.future_observed_mask.sum()
+        total[0] += loss.double() * weight
+        total[1] += weight
     if world.enabled:
         dist.all_reduce(total)
     return float(total[0] / total[1].clamp(min=1))

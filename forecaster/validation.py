@@ -74,15 +74,19 @@ def validate_long_frame(
     min_length: int = 1,
     freq: str | None = None,
     target: str = TARGET,
+    allow_missing: bool = False,
 ) -> ValidatedFrame:
     """Check a long frame (`unique_id`, `ds`, target, covariates) and return it normalised.
 
     Args:
         df: the user's frame. Extra columns are ignored and dropped from the result.
         covariates: covariate columns that must be present, numeric and finite.
-        min_length: the fewest points a series may have.
+        min_length: the fewest observed target values a series may have.
         freq: the expected pandas offset alias; inferred from the data when None.
         target: name of the target column in `df`; it is called `y` in the result.
+        allow_missing: a NaN target, or a timestamp missing from a series' regular grid, is a
+            missing value (a row with `y` NaN in the result, covariates 0) instead of an
+            error. The model masks them. A series needs at least one observed value.
 
     Raises:
         EmptyDataError, MissingColumnsError, InvalidTimestampsError, NonNumericValuesError,
@@ -94,7 +98,10 @@ def validate_long_frame(
 
     ids, codes, uniques = _series_codes(df[ID])
     ds = parse_timestamps(df[TIME], ids)
-    values = {name: _as_float(df[name], name, ids, ds) for name in (target, *covariates)}
+    values = {
+        name: _as_float(df[name], name, ids, ds, allow_nan=allow_missing and name == target)
+        for name in (target, *covariates)
+    }
 
     order = _grouping_order(codes)
     if order is not None:
@@ -104,12 +111,15 @@ def validate_long_frame(
     ds_i8 = ds.view(np.int64)
     same = codes[1:] == codes[:-1]
     _check_order(codes, ds_i8, same, uniques)
-    _check_length(codes, uniques, min_length)
-    offset = _check_frequency(codes, ds_i8, same, uniques, freq)
+    _check_length(codes, uniques, min_length, observed=~np.isnan(values[target]))
+    offset = _check_frequency(codes, ds_i8, same, uniques, freq, allow_gaps=allow_missing)
 
+    ids = ids if order is None else ids.take(order)
+    if allow_missing:
+        ids, ds, values = _fill_gaps(ids, codes, ds, values, offset, uniques, target)
     frame = pd.DataFrame(
         {
-            ID: ids if order is None else ids.take(order),
+            ID: ids,
             TIME: ds,
             TARGET: values[target],
             **{name: values[name] for name in covariates},
@@ -364,8 +374,10 @@ def _to_datetime(col: pd.Series) -> pd.Series:
     return parsed
 
 
-def _as_float(col: pd.Series, name: str, ids: np.ndarray, ds: np.ndarray) -> np.ndarray:
-    """A target/covariate column as float64, rejecting text and NaN/inf."""
+def _as_float(
+    col: pd.Series, name: str, ids: np.ndarray, ds: np.ndarray, allow_nan: bool = False
+) -> np.ndarray:
+    """A target/covariate column as float64, rejecting text, inf and (unless allowed) NaN."""
     if pd.api.types.is_bool_dtype(col) and not col.isna().any():
         values = col.to_numpy(dtype=np.float64)
     elif pd.api.types.is_numeric_dtype(col):
@@ -383,18 +395,19 @@ def _as_float(col: pd.Series, name: str, ids: np.ndarray, ds: np.ndarray) -> np.
                 field=name,
             )
         values = numeric.to_numpy(dtype=np.float64, na_value=np.nan)
-    finite = np.isfinite(values)
+    finite = np.isfinite(values) | (allow_nan & np.isnan(values))
     if not finite.all():
         i = int(np.argmin(finite))
         sid = str(ids[i])
+        expected = "a finite number or NaN (missing)" if allow_nan else "a finite number"
+        advice = "" if allow_nan else "; fill or drop them before forecasting"
         raise MissingValuesError(
             f"series {sid!r}: column {name!r} is {values[i]} at {_ts(ds, i)} (row {i}); "
-            f"expected a finite number ({int((~finite).sum())} NaN/inf value(s) in all; fill or "
-            "drop them before forecasting)",
+            f"expected {expected} ({int((~finite).sum())} such value(s) in all{advice})",
             series_id=sid,
             field=name,
         )
-    too_large = np.abs(values) > MAX_ABS_VALUE
+    too_large = np.abs(np.nan_to_num(values)) > MAX_ABS_VALUE
     if too_large.any():
         i = int(np.argmax(too_large))
         sid = str(ids[i])
@@ -446,17 +459,28 @@ def _check_order(codes: np.ndarray, ds_i8: np.ndarray, same: np.ndarray, uniques
         )
 
 
-def _check_length(codes: np.ndarray, uniques: pd.Index, min_length: int) -> None:
-    if min_length <= 1:
-        return
-    counts = np.bincount(codes, minlength=len(uniques))
+def _check_length(
+    codes: np.ndarray, uniques: pd.Index, min_length: int, observed: np.ndarray
+) -> None:
+    """Every series has at least min_length (and at least one) observed target values."""
+    counts = np.bincount(codes, weights=observed, minlength=len(uniques)).astype(np.int64)
+    empty = counts == 0
+    if empty.any():
+        k = int(np.argmax(empty))
+        sid = str(uniques[k])
+        raise MissingValuesError(
+            f"series {sid!r} has no observed value (every {TARGET} is NaN); expected at least "
+            f"one ({int(empty.sum())} of {len(uniques)} series have none)",
+            series_id=sid,
+            field=TARGET,
+        )
     short = counts < min_length
     if short.any():
         k = int(np.argmax(short))
         sid = str(uniques[k])
         raise SeriesTooShortError(
-            f"series {sid!r} has {int(counts[k])} points, expected at least {min_length} "
-            f"({int(short.sum())} of {len(uniques)} series are too short)",
+            f"series {sid!r} has {int(counts[k])} observed points, expected at least "
+            f"{min_length} ({int(short.sum())} of {len(uniques)} series are too short)",
             series_id=sid,
             field=TARGET,
         )
@@ -495,17 +519,19 @@ def _check_frequency(
     same: np.ndarray,
     uniques: pd.Index,
     freq: str | None,
+    allow_gaps: bool = False,
 ) -> BaseOffset:
-    """The offset every series follows, checking each one is on it without gaps."""
+    """The offset every series follows, checking each one is on it (without gaps unless
+    `allow_gaps`: then only timestamps off the grid are errors)."""
     offset = parse_freq(freq) if freq is not None else _infer_offset(ds_i8, same, uniques, codes)
-    bad = _off_grid(ds_i8, same, offset)
+    bad = _off_grid(ds_i8, same, offset, allow_gaps)
     if bad is None:
         return offset
     i, expected = bad
     k = codes[i]
     sid = str(uniques[k])
     rows = codes == k
-    own = _series_offset(ds_i8[rows])
+    own = _series_offset(ds_i8[rows]) if not allow_gaps else None
     source = f"the given freq {freq!r}" if freq is not None else f"the inferred {offset.freqstr!r}"
     if own is not None and own.freqstr != offset.freqstr:
         raise FrequencyInferenceError(
@@ -536,12 +562,16 @@ def _check_frequency(
 
 
 def _off_grid(
-    ds_i8: np.ndarray, same: np.ndarray, offset: BaseOffset
+    ds_i8: np.ndarray, same: np.ndarray, offset: BaseOffset, allow_gaps: bool = False
 ) -> tuple[int, pd.Timestamp | None] | None:
-    """First row not where `offset` says it should be: (row, expected timestamp or None)."""
+    """First row not where `offset` says it should be: (row, expected timestamp or None).
+
+    With `allow_gaps`, a row may be any whole number of steps after the previous one.
+    """
     nanos = _fixed_nanos(offset)
     if nanos is not None:
-        wrong = (np.diff(ds_i8) != nanos) & same
+        step = np.diff(ds_i8)
+        wrong = ((step % nanos != 0) if allow_gaps else (step != nanos)) & same
         if not wrong.any():
             return None
         i = int(np.argmax(wrong)) + 1
@@ -554,12 +584,87 @@ def _off_grid(
     expected_next = _add_offset(dti[:-1], offset).asi8
     nxt[1:] = (expected_next != ds_i8[1:]) & same
     first_anchor = int(np.argmax(anchored)) if anchored.any() else None
-    first_next = int(np.argmax(nxt)) if nxt.any() else None
+    first_next = int(np.argmax(nxt)) if nxt.any() and not allow_gaps else None
     if first_anchor is None and first_next is None:
         return None
     if first_next is None or (first_anchor is not None and first_anchor < first_next):
         return first_anchor, None
     return first_next, pd.Timestamp(expected_next[first_next - 1])
+
+
+# A series may miss at most this many grid steps per observed row: more is a wrong frequency,
+# not gaps, and would blow up memory.
+MAX_GAP_RATIO = 10
+
+
+def _fill_gaps(
+    ids: pd.api.extensions.ExtensionArray,
+    codes: np.ndarray,
+    ds: np.ndarray,
+    values: dict[str, np.ndarray],
+    offset: BaseOffset,
+    uniques: pd.Index,
+    target: str,
+) -> tuple[pd.api.extensions.ExtensionArray, np.ndarray, dict[str, np.ndarray]]:
+    """Insert a row for every timestamp missing from a series' grid: NaN target, covariates 0.
+
+    Rows are grouped by series and on the grid of `offset` (checked before). Returns the ids,
+    timestamps and value columns with the new rows in place.
+    """
+    ds_i8 = ds.view(np.int64)
+    nanos = _fixed_nanos(offset)
+    starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+    ends = np.r_[starts[1:], len(codes)]
+    if nanos is not None:
+        position = (ds_i8 - np.repeat(ds_i8[starts], ends - starts)) // nanos  # grid index
+        lengths = position[ends - 1] + 1
+        grids = None
+    else:  # calendar offsets (months, business days): build each gappy series' grid
+        grids = []
+        for s, e in zip(starts, ends, strict=True):
+            if e - s < 2:
+                grids.append(ds_i8[s:e])
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                grid = pd.date_range(
+                    pd.Timestamp(ds_i8[s]), pd.Timestamp(ds_i8[e - 1]), freq=offset
+                )
+            grids.append(grid.as_unit("ns").asi8)
+        lengths = np.array([len(g) for g in grids], dtype=np.int64)
+    counts = ends - starts
+    if int(lengths.sum()) == len(codes):
+        return ids, ds, values
+    too_sparse = lengths - counts > MAX_GAP_RATIO * counts
+    if too_sparse.any():
+        k = int(np.argmax(too_sparse))
+        sid = str(uniques[codes[starts[k]]])
+        raise IrregularTimestampsError(
+            f"series {sid!r}: {int(counts[k])} timestamps span {int(lengths[k])} steps of "
+            f"frequency {offset.freqstr!r}; expected at most {MAX_GAP_RATIO} missing steps per "
+            "observed one (is the frequency right?)",
+            series_id=sid,
+            field=TIME,
+        )
+    new_starts = np.r_[0, np.cumsum(lengths)[:-1]]
+    if grids is not None:
+        position = np.concatenate(
+            [np.searchsorted(g, ds_i8[s:e]) for g, s, e in zip(grids, starts, ends, strict=True)]
+        )
+    target_rows = np.repeat(new_starts, counts) + position
+    total = int(lengths.sum())
+    if grids is not None:
+        filled_ds = np.concatenate(grids)
+    else:
+        within = np.arange(total) - np.repeat(new_starts, lengths)
+        filled_ds = np.repeat(ds_i8[starts], lengths) + within * nanos
+    filled = {}
+    for name, column in values.items():
+        out = np.full(total, np.nan if name == target else 0.0)
+        out[target_rows] = column
+        filled[name] = out
+    filled_ids = pd.array(np.repeat(np.asarray(ids)[starts], lengths), dtype="str")
+    return filled_ids, filled_ds.view("datetime64[ns]"), filled
 
 
 def _series_offset(ds_i8: np.ndarray) -> BaseOffset | None:

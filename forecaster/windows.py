@@ -1,8 +1,11 @@
 """Sliding windows over many series without copying a series once per window.
 
-All series are concatenated into one float32 array; a window is just a start offset into it.
-A batch gathers its windows with one fancy-index (B, L + H), so memory is the data plus one
-batch, whatever the number of windows.
+All series are laid end to end in one float64 array, NaN where a value is missing. A window is
+named by its origin: the index in that array of its first forecast step. Its context is the
+`context_length` steps before the origin; where those fall before the series begins they are
+padding, marked unobserved, so a series shorter than the context still gives windows. A batch
+gathers its windows with one fancy-index (B, L + H), so memory is the data plus one batch,
+whatever the number of windows.
 """
 
 from __future__ import annotations
@@ -15,41 +18,73 @@ import torch
 
 from forecaster.config import ModelConfig
 from forecaster.features import CALENDAR_FEATURES, calendar_features
-from forecaster.scaling import SeriesScaler
 
 
 @dataclass
 class SeriesPanel:
-    """Many series laid end to end, scaled, with their covariates."""
+    """Many series laid end to end, in their own units, with their covariates."""
 
-    values: np.ndarray  # (T,) float32, scaled per series
+    values: np.ndarray  # (T,) float64, NaN where not observed
     covariates: np.ndarray  # (T, F) float32; F may be 0
     series_ids: list[str]  # one per series, in panel order
     offsets: np.ndarray  # (n_series + 1,) start of each series in `values`
+    loss_scale: np.ndarray  # (n_series,) the unit in which each series' errors are counted
 
     @classmethod
-    def from_frame(
-        cls, frame: pd.DataFrame, config: ModelConfig, scaler: SeriesScaler
-    ) -> SeriesPanel:
-        """frame: a validated long frame (grouped by series, time-ordered)."""
+    def from_frame(cls, frame: pd.DataFrame, config: ModelConfig) -> SeriesPanel:
+        """frame: a validated long frame (grouped by series, on a regular grid, NaN = missing)."""
         ids = frame["unique_id"].to_numpy()
         starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-        offsets = np.r_[starts, len(ids)]
-        y = frame["y"].to_numpy(dtype=np.float64)
-        values = np.empty(len(y), dtype=np.float32)
-        series_ids = [str(ids[s]) for s in starts]
-        for series_id, start, end in zip(series_ids, offsets[:-1], offsets[1:], strict=True):
-            mean, std = scaler.stats_for(series_id, y[start:end])
-            values[start:end] = (y[start:end] - mean) / std
-        return cls(values, covariate_matrix(frame, config), series_ids, offsets)
+        offsets = np.r_[starts, len(ids)].astype(np.int64)
+        values = frame["y"].to_numpy(dtype=np.float64)
+        return cls(
+            values=values,
+            covariates=covariate_matrix(frame, config),
+            series_ids=[str(ids[s]) for s in starts],
+            offsets=offsets,
+            loss_scale=series_scales(values, offsets),
+        )
 
-    def window_starts(self, window_length: int) -> np.ndarray:
-        """Start offsets of every stride-1 window of `window_length` inside one series."""
-        lengths = np.diff(self.offsets) - window_length + 1
-        lengths = np.maximum(lengths, 0)
-        series_start = np.repeat(self.offsets[:-1], lengths)
-        within = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        return series_start + within
+    def window_origins(self, horizon: int, min_context: int = 1) -> np.ndarray:
+        """Origins of every stride-1 window with `horizon` targets inside its series.
+
+        The first origin of a series leaves `min_context` steps of history before it; earlier
+        context steps are padding. A series shorter than min_context + horizon gives none.
+        """
+        lengths = np.diff(self.offsets)
+        counts = np.maximum(lengths - horizon - min_context + 1, 0)
+        first = np.repeat(self.offsets[:-1] + min_context, counts)
+        within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        return first + within
+
+    def last_origins(self) -> np.ndarray:
+        """The origin just after each series' last step: where its forecast starts."""
+        return self.offsets[1:].copy()
+
+    def series_of(self, origins: np.ndarray) -> np.ndarray:
+        """Index of the series each origin belongs to (an origin at a series' end counts too)."""
+        return np.searchsorted(self.offsets, origins - 1, side="right") - 1
+
+
+def series_scales(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Per series: the std of its observed values (its mean's magnitude, or 1, if constant).
+
+    Training counts errors in these units, so every series weighs the same in the loss and,
+    within a series, windows weigh by their error in the series' own units.
+    """
+    observed = ~np.isnan(values)
+    codes = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    count = np.bincount(codes, weights=observed, minlength=len(offsets) - 1)
+    clean = np.where(observed, values, 0.0)
+    total = np.bincount(codes, weights=clean, minlength=len(offsets) - 1)
+    mean = total / np.maximum(count, 1)
+    centered = np.where(observed, values - mean[codes], 0.0)
+    std = np.sqrt(
+        np.bincount(codes, weights=centered**2, minlength=len(offsets) - 1) / np.maximum(count, 1)
+    )
+    level = np.abs(mean)
+    fallback = np.where(level > 0, level, 1.0)
+    return np.where(std > 1e-10 * (1.0 + level), std, fallback)
 
 
 def covariate_matrix(frame: pd.DataFrame, config: ModelConfig) -> np.ndarray:
@@ -59,7 +94,7 @@ def covariate_matrix(frame: pd.DataFrame, config: ModelConfig) -> np.ndarray:
         columns = [CALENDAR_FEATURES.index(name) for name in config.calendar_features]
         parts.append(calendar_features(frame["ds"])[:, columns])
     if config.covariates:
-        parts.append(frame[list(config.covariates)].to_numpy(dtype=np.float32))
+        parts.append(frame[list(config.covariates)].to_numpy(dtype=np.float32, na_value=0.0))
     if not parts:
         return np.zeros((len(frame), 0), dtype=np.float32)
     return np.concatenate(parts, axis=1).astype(np.float32, copy=False)
@@ -67,31 +102,68 @@ def covariate_matrix(frame: pd.DataFrame, config: ModelConfig) -> np.ndarray:
 
 @dataclass
 class WindowBatch:
-    past_values: torch.Tensor  # (B, L)
-    future_values: torch.Tensor  # (B, H)
+    """Model inputs and targets of B windows. Unobserved values are 0 and masked False."""
+
+    past_values: torch.Tensor  # (B, L) float64
+    past_observed_mask: torch.Tensor  # (B, L) bool
+    future_values: torch.Tensor  # (B, H) float64
+    future_observed_mask: torch.Tensor  # (B, H) bool
     past_covariates: torch.Tensor | None  # (B, L, F)
     future_covariates: torch.Tensor | None  # (B, H, F)
+    loss_scale: torch.Tensor  # (B, 1) float64, the series' error unit
 
     def to(self, device: torch.device) -> WindowBatch:
+        """Copy every tensor to `device` (asynchronously from pinned memory on CUDA)."""
+        pin = device.type == "cuda"
+
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device, non_blocking=True)
+            if t is None:
+                return None
+            if pin:
+                t = t.pin_memory()
+            return t.to(device, non_blocking=pin)
 
         return WindowBatch(
             move(self.past_values),
+            move(self.past_observed_mask),
             move(self.future_values),
+            move(self.future_observed_mask),
             move(self.past_covariates),
             move(self.future_covariates),
+            move(self.loss_scale),
         )
 
 
 def gather_windows(
-    panel: SeriesPanel, starts: np.ndarray, context_length: int, horizon: int
+    panel: SeriesPanel, origins: np.ndarray, context_length: int, horizon: int
 ) -> WindowBatch:
-    """The windows beginning at `starts`: (B, L) history and (B, H) targets, plus covariates."""
-    index = starts[:, None] + np.arange(context_length + horizon)  # (B, L + H)
-    values = torch.from_numpy(panel.values[index])
+    """The windows at `origins`: (B, L) context and (B, H) targets with their masks.
+
+    Context steps before the series' first step are padding; target steps past its end (only
+    when forecasting from `last_origins`) are unobserved. Covariates of those steps are 0.
+    """
+    series = panel.series_of(origins)
+    first = panel.offsets[series][:, None]
+    end = panel.offsets[series + 1][:, None]
+    index = origins[:, None] + np.arange(-context_length, horizon)  # (B, L + H)
+    inside = (index >= first) & (index < end)
+    clipped = np.clip(index, first, end - 1)
+    values = panel.values[clipped]
+    observed = inside & ~np.isnan(values)
+    values = np.where(observed, values, 0.0)
     past_cov = future_cov = None
     if panel.covariates.shape[1]:
-        cov = torch.from_numpy(panel.covariates[index])  # (B, L + H, F)
+        cov = np.where(inside[..., None], panel.covariates[clipped], 0.0).astype(np.float32)
+        cov = torch.from_numpy(cov)  # (B, L + H, F)
         past_cov, future_cov = cov[:, :context_length], cov[:, context_length:]
-    return WindowBatch(values[:, :context_length], values[:, context_length:], past_cov, future_cov)
+    values_t = torch.from_numpy(values)
+    observed_t = torch.from_numpy(observed)
+    return WindowBatch(
+        past_values=values_t[:, :context_length],
+        past_observed_mask=observed_t[:, :context_length],
+        future_values=values_t[:, context_length:],
+        future_observed_mask=observed_t[:, context_length:],
+        past_covariates=past_cov,
+        future_covariates=future_cov,
+        loss_scale=torch.from_numpy(panel.loss_scale[series][:, None]),
+    )

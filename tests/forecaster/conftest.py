@@ -9,9 +9,7 @@ from forecaster.synthetic import generate_synthetic
 TINY_MODEL = dict(
     context_length=32,
     prediction_length=8,
-    patch_length=8,
-    patch_stride=4,
-    decoder_patch_length=4,
+    patch_length=4,
     d_model=16,
     n_heads=2,
     n_encoder_layers=1,

@@ -36,7 +36,7 @@ def test_seasonal_naive_repeats_the_last_season():
     rng = np.random.default_rng(0)
     df = series({"a": rng.normal(size=100), "b": rng.normal(size=80) + 5})
     model = SeasonalNaive().fit(df)
-    assert model.freq == "h" and model.max_horizon == 24 and model.min_history == 25
+    assert model.freq == "h" and model.max_horizon == 24 and model.min_history == 1
     out = model.predict(df, horizon=30)
     assert list(out.columns) == ["unique_id", "ds", "mean", "q0.1", "q0.5", "q0.9"]
     for sid, group in df.groupby("unique_id"):
@@ -61,8 +61,17 @@ def test_seasonal_naive_explicit_season_and_quantiles():
     np.testing.assert_array_equal(out["q0.5"], out["mean"])
 
 
+def test_seasonal_naive_fills_gaps_and_short_series():
+    """Missing values take the last observed one; a series shorter than a season repeats."""
+    df = series({"a": np.tile([1.0, 2.0, 3.0], 5), "b": np.array([7.0, 8.0])}, freq="D")
+    df = df.drop(index=13)  # a's 14th point, 2.0, is missing
+    out = SeasonalNaive(season_length=3).fit(df).predict(df, horizon=3, quantiles=[])
+    assert out["mean"].tolist() == [1.0, 1.0, 3.0, 7.0, 8.0, 7.0]
+
+
 def test_baselines_use_the_shared_validation():
-    df = series({"a": np.arange(50.0)}).drop(index=10)
+    df = series({"a": np.arange(50.0)})
+    df.loc[10, "ds"] += pd.Timedelta(minutes=30)
     with pytest.raises(IrregularTimestampsError):
         SeasonalNaive().fit(df)
     with pytest.raises(SeriesTooShortError):

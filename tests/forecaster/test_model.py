@@ -1,30 +1,43 @@
-"""The patch Transformer module: shapes, causality, quantiles, configuration."""
+"""The patch Transformer module: shapes, masks, causality, quantiles, the linear start."""
 
+import numpy as np
 import pytest
 import torch
 
 from forecaster import ModelConfig
 from forecaster.errors import InvalidConfigError
 from forecaster.model import PatchTransformer
+from forecaster.training import LINEAR_START_RIDGES, WindowSet, fit_linear_start
+from forecaster.windows import SeriesPanel, series_scales
 
 
-def _inputs(config: ModelConfig, batch: int = 3):
-    g = torch.Generator().manual_seed(0)
+def _inputs(config: ModelConfig, batch: int = 3, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
     f = config.n_covariates
     return (
-        torch.randn(batch, config.context_length, generator=g),
+        torch.randn(batch, config.context_length, generator=g, dtype=torch.float64),
+        torch.ones(batch, config.context_length, dtype=torch.bool),
         torch.randn(batch, config.context_length, f, generator=g),
         torch.randn(batch, config.prediction_length, f, generator=g),
     )
 
 
-@pytest.mark.parametrize("prediction_length", [8, 10])  # 10 is not a multiple of the decoder patch
+def _model(config: ModelConfig) -> PatchTransformer:
+    """An untrained model whose every part shows in the output (heads not at zero)."""
+    torch.manual_seed(0)
+    model = PatchTransformer(config).eval()
+    torch.nn.init.normal_(model.point_head.weight, std=0.5)
+    return model
+
+
+@pytest.mark.parametrize("prediction_length", [8, 10])  # 10 is not a multiple of the patch
 def test_output_shapes(tiny_config, prediction_length):
     config = ModelConfig(**{**tiny_config.__dict__, "prediction_length": prediction_length})
-    model = PatchTransformer(config).eval()
-    output, attention = model(*_inputs(config), return_attention=True)
-    assert output.mean.shape == (3, prediction_length)
-    assert output.quantiles.shape == (3, prediction_length, 3)
+    output, attention = _model(config)(*_inputs(config), return_attention=True)
+    forecast = output.denormalize()
+    assert forecast.mean.shape == (3, prediction_length)
+    assert forecast.quantiles.shape == (3, prediction_length, 3)
+    assert forecast.mean.dtype == torch.float64  # the input's precision comes back
     n, m, heads = config.n_patches, config.n_horizon_tokens, config.n_heads
     assert [a.shape for a in attention.encoder] == [(3, heads, n, n)] * config.n_encoder_layers
     assert [a.shape for a in attention.decoder_self] == [(3, heads, m, m)] * config.n_decoder_layers
@@ -32,27 +45,23 @@ def test_output_shapes(tiny_config, prediction_length):
 
 
 def test_quantiles_do_not_cross(tiny_config):
-    model = PatchTransformer(tiny_config).eval()
-    output, _ = model(*_inputs(tiny_config))
+    output, _ = _model(tiny_config)(*_inputs(tiny_config))
     assert torch.all(output.quantiles[..., 1:] >= output.quantiles[..., :-1])
 
 
 def test_decoder_is_causal(tiny_config):
     """Changing the decoder's input at horizon token t changes no output before t."""
     config = ModelConfig(**{**tiny_config.__dict__, "n_decoder_layers": 2})
-    model = PatchTransformer(config).eval()
-    torch.nn.init.normal_(model.point_head.weight)  # non-zero heads so every token shows up
+    model = _model(config)
     inputs = _inputs(config)
-    queries = model.horizon_queries.detach().expand(3, -1, -1).clone()
-    base, _ = model(*inputs, future_queries=queries)
-    t = 1
-    perturbed_queries = queries.clone()
-    # Random, not constant: LayerNorm would remove a constant shift of a token.
-    perturbed_queries[:, t] += torch.randn(
-        config.d_model, generator=torch.Generator().manual_seed(2)
-    )
-    perturbed, _ = model(*inputs, future_queries=perturbed_queries)
-    steps = config.decoder_patch_length
+    base, _ = model(*inputs)
+    t, steps = 1, config.patch
+    with torch.no_grad():
+        # Random, not constant: LayerNorm would remove a constant shift of a token.
+        model.horizon_queries[t] += torch.randn(
+            config.d_model, generator=torch.Generator().manual_seed(2)
+        )
+    perturbed, _ = model(*inputs)
     torch.testing.assert_close(
         perturbed.mean[:, : t * steps], base.mean[:, : t * steps], rtol=0, atol=0
     )
@@ -60,38 +69,104 @@ def test_decoder_is_causal(tiny_config):
 
 
 def test_forecast_is_equivariant_to_affine_rescaling(tiny_config):
-    """RevIN: forecasting a*x + b gives a*forecast + b."""
-    model = PatchTransformer(tiny_config).eval()
-    past, past_cov, future_cov = _inputs(tiny_config)
-    base, _ = model(past, past_cov, future_cov)
-    scaled, _ = model(past * 50.0 + 1000.0, past_cov, future_cov)
-    torch.testing.assert_close(scaled.mean, base.mean * 50.0 + 1000.0, rtol=1e-4, atol=1e-2)
+    """The instance scaler: forecasting a*x + b gives a*forecast + b."""
+    model = _model(tiny_config)
+    past, mask, past_cov, future_cov = _inputs(tiny_config)
+    base, _ = model(past, mask, past_cov, future_cov)
+    scaled, _ = model(past * 50.0 + 1000.0, mask, past_cov, future_cov)
+    torch.testing.assert_close(
+        scaled.denormalize().mean, base.denormalize().mean * 50.0 + 1000.0, rtol=1e-6, atol=1e-6
+    )
 
 
-def test_linear_skip_starts_at_least_squares_fit(tiny_config):
+@pytest.mark.parametrize("filler", [0.0, 1e6, float("nan")])
+def test_masked_steps_are_invisible(tiny_config, filler):
+    """Left padding and gaps: whatever sits under the mask, the forecast is the same."""
+    config = ModelConfig(**{**tiny_config.__dict__, "calendar_features": ("hour_of_day",)})
+    model = _model(config)
+    past, mask, past_cov, future_cov = _inputs(config)
+    mask[0, :20] = False  # a short series: 12 observed steps, padded on the left
+    mask[1, 5:9] = False  # a gap
+    mask[2, ::3] = False  # scattered NaNs
+    base, _ = model(past, mask, past_cov, future_cov)
+    _, attention = model(past, mask, past_cov, future_cov, return_attention=True)
+    other = torch.where(mask, past, torch.full_like(past, filler))
+    other_cov = torch.where(mask.unsqueeze(-1), past_cov, torch.full_like(past_cov, 7.0))
+    changed, _ = model(other, mask, other_cov, future_cov)
+    torch.testing.assert_close(changed.denormalize().mean, base.denormalize().mean)
+    # The fully padded context tokens of series 0 receive no attention at all.
+    padded_tokens = 20 // config.patch
+    assert attention.cross[0][0, :, :, :padded_tokens].abs().max() == 0
+
+
+def test_two_observed_points_give_a_finite_forecast(tiny_config):
+    model = _model(tiny_config)
+    past, mask, past_cov, future_cov = _inputs(tiny_config, batch=2)
+    mask[:] = False
+    mask[0, -2:] = True
+    mask[1, -1] = True  # one point: scaled by its level
+    output, _ = model(past, mask, past_cov, future_cov)
+    assert torch.isfinite(output.denormalize().mean).all()
+
+
+def _panel(values: np.ndarray) -> SeriesPanel:
+    offsets = np.arange(0, values.size + 1, values.shape[1])
+    flat = values.reshape(-1)
+    return SeriesPanel(
+        values=flat,
+        covariates=np.zeros((flat.size, 0), np.float32),
+        series_ids=[str(i) for i in range(len(values))],
+        offsets=offsets,
+        loss_scale=series_scales(flat, offsets),
+    )
+
+
+def test_linear_start_is_the_least_squares_fit(tiny_config):
+    """ "Repeat the last value" is a linear forecast, so the initial model must find it."""
+    rng = np.random.default_rng(1)
+    walks = rng.normal(size=(20, 300)).cumsum(axis=1)
+    panel = _panel(walks)
+    h = tiny_config.prediction_length
+    origins = panel.window_origins(h, min_context=tiny_config.context_length)
     model = PatchTransformer(tiny_config).eval()
-    g = torch.Generator().manual_seed(1)
-    past = torch.randn(500, tiny_config.context_length, generator=g).cumsum(1)
-    future = past[:, -1:] + torch.randn(500, tiny_config.prediction_length, generator=g) * 0.01
-    model.fit_linear_skip(past, future, ridges=(1e-6,))
-    output, _ = model(past, *(_inputs(tiny_config, 500)[1:]))
-    # The forecast "repeat the last value" is linear, so the initial model must find it.
-    assert torch.mean((output.mean - future) ** 2) < 0.01
+    fit_linear_start(model, WindowSet(panel, origins), torch.device("cpu"))
+    from forecaster.windows import gather_windows
+
+    batch = gather_windows(panel, origins, tiny_config.context_length, h)
+    output, _ = model(batch.past_values, batch.past_observed_mask)
+    last = batch.past_values[:, -1:]
+    naive_error = torch.mean((last - batch.future_values) ** 2)
+    model_error = torch.mean((output.denormalize().mean - batch.future_values) ** 2)
+    assert model_error <= naive_error * 1.01
+    # The correction head starts at zero: the model is exactly its linear start.
+    torch.testing.assert_close(output.mean, output.draft)
+
+
+def test_linear_start_ridge_is_chosen_by_cross_validation(tiny_config):
+    """When the future is unrelated to the past, cross-validation picks the most shrinkage."""
+    rng = np.random.default_rng(3)
+    panel = _panel(rng.normal(size=(10, 400)))
+    model = PatchTransformer(tiny_config).eval()
+    origins = panel.window_origins(tiny_config.prediction_length)
+    ridge = fit_linear_start(model, WindowSet(panel, origins), torch.device("cpu"))
+    assert ridge == max(LINEAR_START_RIDGES)
 
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
         ("n_heads", 3, "n_heads: expected a divisor of d_model=16, got 3"),
-        ("patch_length", 64, "patch_length: expected between 1 and context_length=32, got 64"),
+        ("patch_length", 0, "patch_length: expected None or >= 1, got 0"),
         ("quantiles", (0.5, 1.5), "quantiles: expected distinct values strictly between 0 and 1"),
-        ("loss", "rmse", "loss: expected mse, mae, huber or pinball, got 'rmse'"),
+        ("loss", "rmse", "loss: expected mae or mse or huber, got 'rmse'"),
+        ("horizon_dropout", 1.0, "horizon_dropout: expected in [0, 1), got 1.0"),
         ("calendar_features", ("week_of_moon",), "calendar_features: expected names from"),
     ],
 )
 def test_invalid_config_says_expected_and_actual(tiny_config, field, value, message):
     with pytest.raises(
-        InvalidConfigError, match=message.replace("(", r"\(").replace(")", r"\)")
+        InvalidConfigError,
+        match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\["),
     ) as error:
         ModelConfig(**{**tiny_config.__dict__, field: value})
     assert error.value.field == field
@@ -100,15 +175,3 @@ def test_invalid_config_says_expected_and_actual(tiny_config, field, value, mess
 def test_config_is_frozen(tiny_config):
     with pytest.raises(AttributeError):
         tiny_config.d_model = 32
-
-
-def test_linear_skip_ridge_is_chosen_on_validation(tiny_config):
-    """When the future is unrelated to the past, validation picks the strongest shrinkage."""
-    model = PatchTransformer(tiny_config).eval()
-    g = torch.Generator().manual_seed(3)
-    shape = (400, tiny_config.context_length)
-    past, val_past = torch.randn(*shape, generator=g), torch.randn(*shape, generator=g)
-    future = torch.randn(400, tiny_config.prediction_length, generator=g)
-    val_future = torch.randn(400, tiny_config.prediction_length, generator=g)
-    assert model.fit_linear_skip(past, future, val_past, val_future) == 1.0
-    assert model.fit_linear_skip(past, future) == 1e-2  # no validation: the default

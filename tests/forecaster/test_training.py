@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -39,12 +40,22 @@ def test_callback_sees_every_epoch_and_best_weights_are_kept(series):
         assert logs[result.best_epoch - 1].is_best
 
 
-def test_early_stopping_ends_before_max_epochs(series):
-    # A learning rate this high makes validation loss worse after the linear start.
-    config = TrainConfig(**{**TINY_TRAIN, "max_epochs": 20, "patience": 1, "learning_rate": 0.5})
+def test_training_that_cannot_beat_the_linear_start_keeps_it(series):
+    """Plateaus restore the best weights and decay the rate; epoch 0 stays if never beaten."""
+    linear = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**{**TINY_TRAIN, "max_epochs": 0}))
+    linear.fit(series)
+    # A learning rate this high makes every epoch worse than the linear start.
+    config = TrainConfig(
+        **{**TINY_TRAIN, "max_epochs": 20, "learning_rate": 5.0, "linear_start_lr_scale": 1.0}
+    )
     model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
-    assert model.train_result.stopped_early
-    assert len(model.train_result.epochs) < 20
+    result = model.train_result
+    assert result.stopped_early
+    assert len(result.epochs) == config.max_lr_decays + 1  # one epoch per plateau, then stop
+    assert [round(log.learning_rate, 6) for log in result.epochs[:3]] == [5.0, 1.5, 0.45]
+    assert result.best_epoch == 0
+    assert result.best_val_loss == result.initial_val_loss
+    pd.testing.assert_frame_equal(model.predict(series), linear.predict(series))
 
 
 def test_device_auto_picks_cuda_only_when_available():

@@ -248,7 +248,7 @@ def test_series_too_short_names_series_length_and_minimum():
     with pytest.raises(SeriesTooShortError) as info:
         validate_long_frame(df, min_length=5)
     assert info.value.series_id == "short"
-    assert "'short' has 4 points, expected at least 5" in str(info.value)
+    assert "'short' has 4 observed points, expected at least 5" in str(info.value)
 
 
 def test_every_error_is_a_value_error():

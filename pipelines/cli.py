@@ -198,8 +198,8 @@ def evaluate_command(args: argparse.Namespace) -> int:
             covariates=model.model_config.covariates,
             min_length=model.min_history + windows * model.max_horizon,
             time_column=settings.time_column,
-            requirement=f"the model's context of {model.min_history} points and {windows} "
-            f"backtest window(s) of {model.max_horizon} need "
+            requirement=f"{windows} backtest window(s) of {model.max_horizon} after at least "
+            f"{model.min_history} point(s) of history need "
             f"{model.min_history + windows * model.max_horizon} per series",
         )
         evaluation = evaluate(

@@ -54,7 +54,8 @@ def ingest(
     Args:
         source: a CSV/Parquet path (long, or wide with a time column) or a long frame.
         covariates: covariate columns the model needs.
-        min_length: the fewest points a series may have.
+        min_length: the fewest observed points a series may have. NaN targets and missing
+            timestamps are kept as missing values (NaN rows), which the model masks.
         time_column: time column of a wide file (default "date").
         requirement: what ``min_length`` is made of, added to a too-short error.
 
@@ -66,7 +67,9 @@ def ingest(
     else:
         df, name = load_frame(source, time_column=time_column), str(source)
     try:
-        validated = validate_long_frame(df, covariates=covariates, min_length=min_length)
+        validated = validate_long_frame(
+            df, covariates=covariates, min_length=min_length, allow_missing=True
+        )
     except SeriesTooShortError as exc:
         if not requirement:
             raise

@@ -66,10 +66,10 @@ def code_version() -> str:
 
 
 def input_example(forecaster: Forecaster, frame: pd.DataFrame, n_series: int = 2) -> pd.DataFrame:
-    """The last ``min_history`` points of the first ``n_series`` series of ``frame``."""
+    """The last ``context_length`` points of the first ``n_series`` series of ``frame``."""
     ids = list(pd.unique(frame["unique_id"]))[:n_series]
     example = frame[frame["unique_id"].isin(ids)]
-    example = example.groupby("unique_id", sort=False).tail(forecaster.min_history)
+    example = example.groupby("unique_id", sort=False).tail(forecaster.context_length)
     columns = ["unique_id", "ds", "y", *forecaster.model_config.covariates]
     example = example[columns].reset_index(drop=True)
     example["unique_id"] = example["unique_id"].astype(object)

@@ -4,8 +4,9 @@ Per series of n points (H the horizon, L the context length):
 
     [ train ............ | val (val_length) | test (backtest_windows * H) ]
 
-``val`` and ``test`` are handed out with L points of history in front, as the Forecaster
-needs. The backtest scores ``backtest_windows`` consecutive horizons of ``test``; the last of
+``val`` and ``test`` are handed out with up to L points of history in front, as the
+Forecaster reads them. A series needs H + 1 training points (one training window; shorter
+contexts are padded), plus its validation and test points. The backtest scores ``backtest_windows`` consecutive horizons of ``test``; the last of
 them is the holdout window on which promotion compares challenger and champion. The model
 never trains on ``test``.
 """
@@ -34,16 +35,21 @@ class SplitPlan:
         return self.backtest_windows * self.horizon
 
     @property
+    def min_train_length(self) -> int:
+        """Training points a series needs: one window of H targets after one point."""
+        return self.horizon + 1
+
+    @property
     def min_series_length(self) -> int:
-        """Points a series needs: a training window (L + H), validation and test."""
-        return self.context_length + self.horizon + self.val_length + self.test_length
+        """Points a series needs: a training window, validation and test."""
+        return self.min_train_length + self.val_length + self.test_length
 
     def describe(self) -> str:
         return (
-            f"the configured context_length={self.context_length} and prediction_length="
-            f"{self.horizon} need {self.context_length + self.horizon} training points, plus "
-            f"{self.val_length} validation and {self.test_length} test points "
-            f"({self.backtest_windows} backtest windows): {self.min_series_length} per series"
+            f"the configured prediction_length={self.horizon} needs {self.min_train_length} "
+            f"training points, plus {self.val_length} validation and {self.test_length} test "
+            f"points ({self.backtest_windows} backtest windows): {self.min_series_length} per "
+            "series"
         )
 
     @classmethod
@@ -92,6 +98,7 @@ def split(frame: pd.DataFrame, plan: SplitPlan) -> DataSplit:
         val_length=plan.val_length,
         test_length=plan.test_length,
         context_length=plan.context_length,
+        min_train_length=plan.min_train_length,
     )
     return DataSplit(
         plan=plan,

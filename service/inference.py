@@ -104,9 +104,13 @@ def _frame_error(exc: Exception, index: int, series_id: str, field: str) -> Inva
 
 
 def request_frames(
-    request: ForecastRequest, covariates: Sequence[str], horizon: int, min_history: int
+    request: ForecastRequest, covariates: Sequence[str], horizon: int, model_freq: str | None
 ) -> FrameParts:
-    """The history columns and, for models with covariates, the future covariate columns."""
+    """The history columns and, for models with covariates, the future covariate columns.
+
+    The future covariate timestamps follow the series' own frequency when it can be read from
+    the request, otherwise the model's (a history of one or two points, or one with gaps).
+    """
     ids: list[np.ndarray] = []
     stamps: list[np.ndarray] = []
     values: list[np.ndarray] = []
@@ -118,7 +122,7 @@ def request_frames(
         n = len(s.values)
         if n == 0:  # a series without rows never reaches the frame the core validates
             raise SeriesTooShortError(
-                f"series {s.id!r} has no values, expected at least {min_history}",
+                f"series {s.id!r} has no values, expected at least 1 observed value",
                 series_id=s.id,
                 field="y",
             )
@@ -155,7 +159,9 @@ def request_frames(
             cov_past[name].append(arr[:n])
             cov_future[name].append(arr[n:])
         try:
-            future_ds = pd.date_range(ds[-1], periods=horizon + 1, freq=_freq_of(s, ds))[1:]
+            future_ds = pd.date_range(
+                ds[-1], periods=horizon + 1, freq=_freq_of(s, ds, model_freq)
+            )[1:]
         except (ValueError, TypeError) as exc:
             raise _frame_error(exc, i, s.id, "timestamps") from None
         future_ids.append(np.full(horizon, s.id, dtype=object))
@@ -184,10 +190,10 @@ def frame_parts(history: pd.DataFrame, future: pd.DataFrame | None = None) -> Fr
     )
 
 
-def _freq_of(series: Any, ds: pd.DatetimeIndex) -> str:
+def _freq_of(series: Any, ds: pd.DatetimeIndex, model_freq: str | None) -> str:
     if series.freq is not None:
         return series.freq
-    inferred = pd.infer_freq(ds) if len(ds) >= 3 else None
+    inferred = (pd.infer_freq(ds) if len(ds) >= 3 else None) or model_freq
     if inferred is None:
         raise ValueError("cannot infer the frequency for the future covariate timestamps")
     return inferred

@@ -140,7 +140,7 @@ def smoke_test(forecaster: Forecaster) -> None:
     """Forecast two synthetic series end to end; raise if the model cannot or gives non-finite
     output. Runs before a model is swapped in, so a broken version never serves a request."""
     mc = forecaster.model_config
-    length = forecaster.min_history
+    length = forecaster.context_length
     freq = forecaster.freq or "h"
     ds = pd.date_range("2024-01-01", periods=length, freq=freq)
     t = np.arange(length, dtype=np.float64)

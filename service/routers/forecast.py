@@ -110,7 +110,7 @@ async def forecast(
         horizon=horizon,
         quantiles=quantiles,
         n_series=len(body.series),
-        build=lambda: request_frames(body, covariates, horizon, served.forecaster.min_history),
+        build=lambda: request_frames(body, covariates, horizon, served.forecaster.freq),
         render=lambda forecast: render_forecast(forecast, horizon, include_attention),
     )
     try:

@@ -24,9 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY_MODEL = {
     "context_length": 48,
     "prediction_length": 12,
-    "patch_length": 8,
-    "patch_stride": 4,
-    "decoder_patch_length": 4,
+    "patch_length": 4,
     "d_model": 16,
     "n_heads": 2,
     "d_ff": 32,

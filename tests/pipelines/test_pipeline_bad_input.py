@@ -35,7 +35,7 @@ def _missing_column(tmp_path):
 def _text_in_y(tmp_path):
     df = _good()
     df["y"] = df["y"].astype(object)
-    df.loc[30, "y"] = "n/a"
+    df.loc[30, "y"] = "abc"
     return _write(df, tmp_path / "d.csv"), "series_000"
 
 
@@ -45,10 +45,11 @@ def _numbers_as_ds(tmp_path):
     return _write(df, tmp_path / "d.csv"), "ds holds numbers"
 
 
-def _nan(tmp_path):
+def _no_observed_value(tmp_path):
+    # A NaN is a missing value the model masks; a series with nothing observed is an error.
     df = _good()
-    df.loc[df.index[300], "y"] = np.nan
-    return _write(df, tmp_path / "d.csv"), "series_001"
+    df.loc[df["unique_id"] == "series_001", "y"] = np.nan
+    return _write(df, tmp_path / "d.csv"), "series 'series_001' has no observed value"
 
 
 def _duplicates(tmp_path):
@@ -58,8 +59,9 @@ def _duplicates(tmp_path):
 
 
 def _too_short(tmp_path):
+    # Shorter than one training window (H + 1 points) plus validation and test.
     df = _good()
-    df = df[~((df["unique_id"] == "series_002") & (df.groupby("unique_id").cumcount() >= 100))]
+    df = df[~((df["unique_id"] == "series_002") & (df.groupby("unique_id").cumcount() >= 40))]
     return _write(df, tmp_path / "d.csv"), "series_002"
 
 
@@ -85,7 +87,7 @@ def _missing_file(tmp_path):
         _missing_column,
         _text_in_y,
         _numbers_as_ds,
-        _nan,
+        _no_observed_value,
         _duplicates,
         _too_short,
         _empty_file,
@@ -110,13 +112,13 @@ def test_too_short_names_the_configured_lengths(store, tmp_path, capsys):
     path, _ = _too_short(tmp_path)
     main(["retrain", "--config", str(cfg), "--data", path])
     err = capsys.readouterr().err
-    assert f"context_length={TINY_MODEL['context_length']}" in err
-    assert f"prediction_length={TINY_MODEL['prediction_length']}" in err
+    horizon = TINY_MODEL["prediction_length"]
+    assert f"prediction_length={horizon} needs {horizon + 1} training points" in err
 
 
 def test_a_failed_run_is_recorded_as_failed_with_its_error(store, tmp_path):
     root, cfg = store
-    path, _ = _nan(tmp_path)
+    path, _ = _no_observed_value(tmp_path)
     main(["retrain", "--config", str(cfg), "--data", path])
     client = client_for(root)
     experiment = client.get_experiment_by_name("forecaster")

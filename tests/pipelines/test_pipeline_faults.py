@@ -166,7 +166,7 @@ def test_manual_run_while_another_holds_the_lock(tmp_path, data_csv, capsys):
 
 def test_failed_scheduled_run_is_logged_failed_and_champion_stays(store, tmp_path):
     bad = tmp_path / "bad.csv"
-    bad.write_text("unique_id,ds,y\na,2024-01-01 00:00,1.0\na,2024-01-01 01:00,\n")
+    bad.write_text("unique_id,ds,y\na,2024-01-01 00:00,abc\na,2024-01-01 01:00,2.0\n")
     settings = make_settings(store, data=str(bad))
     report = run_schedule(
         settings, cron="* * * * * *", max_runs=2, sleep=lambda s: time.sleep(min(s, 0.2))
@@ -180,7 +180,7 @@ def test_failed_scheduled_run_is_logged_failed_and_champion_stays(store, tmp_pat
         [experiment.experiment_id], filter_string="attributes.status = 'FAILED'"
     )
     assert len(failed) == 2
-    assert all("MissingValuesError" in r.data.tags["error"] for r in failed)
+    assert all("NonNumericValuesError" in r.data.tags["error"] for r in failed)
 
 
 def test_invalid_cron_is_rejected(tmp_path, capsys):

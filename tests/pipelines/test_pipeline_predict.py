@@ -94,7 +94,8 @@ def test_bad_input_writes_nothing(model_dir, history, tmp_path):
     with pytest.raises(ValueError, match="not contiguous"):
         predict_file(str(model_dir), tmp_path / "in.csv", tmp_path / "out.csv", progress=False)
     bad = history.copy()
-    bad.loc[bad.index[-1], "y"] = np.nan  # in the last series, found after others were written
+    bad["y"] = bad["y"].astype(object)
+    bad.loc[bad.index[-1], "y"] = "abc"  # in the last series, found after others were written
     bad.to_csv(tmp_path / "in.csv", index=False)
     with pytest.raises(ValueError, match="series_006"):
         predict_file(
@@ -107,12 +108,12 @@ def test_bad_input_writes_nothing(model_dir, history, tmp_path):
     assert list(tmp_path.iterdir()) == [tmp_path / "in.csv"]
 
 
-def test_too_short_history_and_bad_params_are_named(model_dir, history, tmp_path, capsys):
-    short = history.groupby("unique_id").head(10)
-    short.to_csv(tmp_path / "short.csv", index=False)
+def test_unforecastable_history_and_bad_params_are_named(model_dir, history, tmp_path, capsys):
+    empty = history.assign(y=np.where(history["unique_id"] == "series_000", np.nan, history["y"]))
+    empty.to_csv(tmp_path / "empty.csv", index=False)
     args = ["predict", "--model", str(model_dir), "--output", str(tmp_path / "o.csv")]
-    assert main([*args, "--input", str(tmp_path / "short.csv"), "--no-progress"]) == 2
-    assert "series_000" in capsys.readouterr().err
+    assert main([*args, "--input", str(tmp_path / "empty.csv"), "--no-progress"]) == 2
+    assert "series 'series_000' has no observed value" in capsys.readouterr().err
     history.to_csv(tmp_path / "in.csv", index=False)
     assert main([*args, "--input", str(tmp_path / "in.csv"), "--horizon", "999"]) == 2
     assert "horizon" in capsys.readouterr().err

@@ -34,9 +34,7 @@ def tiny_config() -> tuple[ModelConfig, TrainConfig]:
     model = ModelConfig(
         context_length=CONTEXT,
         prediction_length=HORIZON,
-        patch_length=8,
-        patch_stride=8,
-        decoder_patch_length=4,
+        patch_length=4,
         d_model=16,
         n_heads=2,
         d_ff=32,

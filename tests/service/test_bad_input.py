@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 
 import pytest
 
@@ -20,24 +21,18 @@ def _break(payload, how):
     s = payload("series_002")
     if how == "empty":
         s["values"], s["timestamps"] = [], []
-    elif how == "nan":
-        s["values"][3] = float("nan")
-    elif how == "null":
-        s["values"][3] = None
+    elif how == "all_nan":
+        s["values"] = [float("nan")] * len(s["values"])
+    elif how == "all_null":
+        s["values"] = [None] * len(s["values"])
     elif how == "text":
         s["values"][3] = "abc"
     elif how == "unsorted":
         s["timestamps"][3], s["timestamps"][4] = s["timestamps"][4], s["timestamps"][3]
     elif how == "duplicate":
         s["timestamps"][4] = s["timestamps"][3]
-    elif how == "gap":
-        s = payload("series_002", CONTEXT + 10)
-        del s["timestamps"][10]
-        del s["values"][10]
     elif how == "length_mismatch":
         s["values"] = s["values"][:-1]
-    elif how == "too_short":
-        s["values"], s["timestamps"] = s["values"][-10:], s["timestamps"][-10:]
     elif how == "bad_timestamp":
         s["timestamps"][2] = "yesterday-ish"
     elif how == "bad_freq":
@@ -54,14 +49,12 @@ def _break(payload, how):
 CASES = {
     # how: (status, field the error names)
     "empty": (422, "series[1].values"),
-    "nan": (422, "series[1].values"),
-    "null": (422, "series[1].values"),
+    "all_nan": (422, "series[1].values"),
+    "all_null": (422, "series[1].values"),
     "text": (422, "series[1].values[3]"),
     "unsorted": (422, "series[1].timestamps"),
     "duplicate": (422, "series[1].timestamps"),
-    "gap": (422, "series[1].timestamps"),
     "length_mismatch": (422, "series[1]"),
-    "too_short": (422, "series[1].values"),
     "bad_timestamp": (422, "series[1].timestamps[2]"),
     "bad_freq": (422, "series[1].freq"),
     "wrong_freq": (422, "series[1].start"),
@@ -83,6 +76,34 @@ def test_bad_series_is_422_naming_field_and_series(client, payload, how):
     assert error["field"] == field, error
     assert error["series_id"] == "series_002", error
     assert "series_002" in error["detail"], error["detail"]
+
+
+def _imperfect(payload, how):
+    s = payload("series_002", CONTEXT + 10)
+    if how == "nan":
+        s["values"][3] = float("nan")
+    elif how == "null":
+        s["values"][3] = None
+    elif how == "gap":
+        del s["timestamps"][10]
+        del s["values"][10]
+    elif how == "short":
+        s["values"], s["timestamps"] = s["values"][-2:], s["timestamps"][-2:]
+    return s
+
+
+@pytest.mark.parametrize("how", ["nan", "null", "gap", "short"])
+def test_missing_values_gaps_and_short_histories_are_forecast(client, payload, how):
+    """Missing steps are masked and a short history is padded: the series still gets a forecast."""
+    body = {"series": [payload("series_000"), _imperfect(payload, how)]}
+    response = client.post(
+        "/v1/forecast", content=json.dumps(body), headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 200, response.text
+    forecast = response.json()["forecasts"][1]
+    assert forecast["id"] == "series_002"
+    assert len(forecast["mean"]) == HORIZON
+    assert all(math.isfinite(v) for v in forecast["mean"])
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,7 @@ def _split(frame, series_id, context, horizon=HORIZON):
 
 
 def test_online_forecast_with_future_covariates(promo_client, promo_model, promo_frame):
-    context = promo_model.min_history
+    context = promo_model.context_length
     past, future = _split(promo_frame, "series_001", context)
     series = {
         "id": "series_001",
@@ -51,8 +51,24 @@ def test_online_forecast_with_future_covariates(promo_client, promo_model, promo
     np.testing.assert_allclose(response.json()["forecasts"][0]["mean"], want["mean"], atol=1e-5)
 
 
+def test_a_two_point_history_with_covariates_is_forecast(promo_client, promo_model, promo_frame):
+    past, future = _split(promo_frame, "series_001", 2)
+    series = {
+        "id": "series_001",
+        "timestamps": [t.isoformat() for t in past["ds"]],
+        "values": past["y"].tolist(),
+        "covariates": {"promo": past["promo"].tolist() + future["promo"].tolist()},
+    }
+    response = promo_client.post("/v1/forecast", json={"series": [series]})
+    assert response.status_code == 200, response.text
+    forecast = response.json()["forecasts"][0]
+    assert forecast["timestamps"][0] == future["ds"].iloc[0].isoformat()
+    want = promo_model.predict(past, future_df=future[["unique_id", "ds", "promo"]])
+    np.testing.assert_allclose(forecast["mean"], want["mean"], atol=1e-5)
+
+
 def test_covariates_missing_or_short_name_the_field(promo_client, promo_model, promo_frame):
-    past, future = _split(promo_frame, "series_001", promo_model.min_history)
+    past, future = _split(promo_frame, "series_001", promo_model.context_length)
     series = {
         "id": "series_001",
         "timestamps": [t.isoformat() for t in past["ds"]],
@@ -69,7 +85,7 @@ def test_covariates_missing_or_short_name_the_field(promo_client, promo_model, p
 
 
 def test_invocations_take_future_rows_with_empty_y(promo_client, promo_model, promo_frame):
-    past, future = _split(promo_frame, "series_002", promo_model.min_history)
+    past, future = _split(promo_frame, "series_002", promo_model.context_length)
     frame = pd.concat([past, future.assign(y=np.nan)], ignore_index=True)
     frame["ds"] = frame["ds"].dt.strftime("%Y-%m-%dT%H:%M:%S")
     split = {

@@ -97,7 +97,7 @@ def test_a_bad_request_in_a_merged_batch_fails_alone(make_client, history, paylo
     client = make_client(max_batch_wait_ms=200)
     good = {"series": [payload("series_000")]}
     bad_series = payload("series_001")
-    bad_series["values"][5] = None
+    bad_series["values"] = [None] * len(bad_series["values"])  # nothing observed: no forecast
     bad = {"series": [bad_series]}
     with ThreadPoolExecutor(6) as pool:
         responses = list(

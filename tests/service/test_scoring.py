@@ -82,7 +82,7 @@ def test_csv_and_parquet_bodies(client, two_series, fitted):
 @pytest.mark.parametrize(
     ("body", "needle"),
     [
-        ({"dataframe_records": [{"unique_id": "a", "ds": "2024-01-01", "y": 1.0}]}, "'a'"),
+        ({"dataframe_records": [{"unique_id": "a", "ds": "2024-01-01", "y": None}]}, "'a'"),
         ({"inputs_wrong": []}, "dataframe_split"),
         ({"dataframe_records": [{"unique_id": "a"}]}, "missing required columns"),
         ({"dataframe_records": [], "params": {"horizon": 99}}, "horizon"),
@@ -102,7 +102,7 @@ def test_errors_in_mlflow_shape(client, body, needle):
     ("change", "needle"),
     [
         (lambda rows: rows[3].__setitem__(2, "abc"), "'abc'"),
-        (lambda rows: rows[3].__setitem__(2, None), "NaN"),
+        (lambda rows: [r.__setitem__(2, None) for r in rows if r[0] == rows[0][0]], "observed"),
         (lambda rows: rows[3].__setitem__(1, "not a time"), "not a timestamp"),
         (lambda rows: rows[3].__setitem__(2, [1, 2]), ""),
     ],

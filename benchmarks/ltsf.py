@@ -89,35 +89,74 @@ def load_splits(path: Path, lookback: int, horizon: int) -> Splits:
     )
 
 
+# Ablation variants: the config overrides that isolate each part of the model.
+VARIANTS = {
+    "full": ({}, {}),
+    "linear start alone": ({}, {"max_epochs": 0}),
+    "Transformer alone": ({"linear_start": False}, {}),
+}
+
+
+def _scores(forecaster: Forecaster, frame: pd.DataFrame) -> dict[str, float]:
+    windows = forecaster.forecast_windows(frame)
+    error = windows.mean - windows.target
+    return {
+        "mse": float(np.mean(error**2)),
+        "mae": float(np.mean(np.abs(error))),
+        "windows": len(windows.mean),
+    }
+
+
 def run_one(
-    data: Path, horizon: int, lookback: int, seed: int, device: str, overrides: dict
+    data: Path,
+    horizon: int,
+    lookback: int,
+    seed: int,
+    device: str,
+    overrides: dict,
+    variant: str = "full",
 ) -> dict[str, object]:
     splits = load_splits(data, lookback, horizon)
+    model_extra, train_extra = VARIANTS[variant]
     model_config = ModelConfig(
-        **{**overrides.get("model", {}), "context_length": lookback, "prediction_length": horizon}
+        **{
+            **overrides.get("model", {}),
+            **model_extra,
+            "context_length": lookback,
+            "prediction_length": horizon,
+        }
     )
-    train_config = TrainConfig(**{**overrides.get("train", {}), "seed": seed, "device": device})
+    train_config = TrainConfig(
+        **{**overrides.get("train", {}), **train_extra, "seed": seed, "device": device}
+    )
     forecaster = Forecaster(model_config, train_config)
     started = time.perf_counter()
     forecaster.fit(splits.train, val_df=splits.val)
     train_seconds = time.perf_counter() - started
-    windows = forecaster.forecast_windows(splits.test)
+    val = _scores(forecaster, splits.val)
+    test = _scores(forecaster, splits.test)
     n_vars = splits.test["unique_id"].nunique()
-    assert len(windows.mean) == splits.n_test_windows * n_vars, "every test window must be scored"
-    error = windows.mean - windows.target
+    assert test["windows"] == splits.n_test_windows * n_vars, "every test window must be scored"
     result = forecaster.train_result
     return {
         "dataset": data.stem,
+        "variant": variant,
         "horizon": horizon,
         "lookback": lookback,
         "seed": seed,
-        "mse": float(np.mean(error**2)),
-        "mae": float(np.mean(np.abs(error))),
+        "mse": test["mse"],
+        "mae": test["mae"],
+        "val_mse": val["mse"],
+        "val_mae": val["mae"],
         "test_windows": splits.n_test_windows,
         "train_seconds": round(train_seconds, 1),
         "epochs": len(result.epochs),
         "best_epoch": result.best_epoch,
+        # The validation objective (the configured loss, in series units) before and after.
+        "initial_val_loss": result.initial_val_loss,
         "best_val_loss": result.best_val_loss,
+        "linear_start_ridge": result.linear_start_ridge,
+        "patch_length": forecaster.model_config.patch_length,
         "parameters": sum(p.numel() for p in forecaster.model.parameters()),
         "device": result.device
         if result.device != "cpu"
@@ -126,42 +165,62 @@ def run_one(
 
 
 def print_table(results: list[dict[str, object]]) -> None:
-    by_horizon: dict[int, list[dict]] = {}
-    for r in results:
-        by_horizon.setdefault(int(r["horizon"]), []).append(r)
-    horizons = sorted(by_horizon)
+    full = [r for r in results if r["variant"] == "full"]
+    horizons = sorted({int(r["horizon"]) for r in results})
     header = "| model | " + " | ".join(str(h) for h in horizons) + " |"
-    print(header)
-    print("|---" * (len(horizons) + 1) + "|")
+    rule = "|---" * (len(horizons) + 1) + "|"
 
-    def ours(h: int) -> str:
-        mses = [float(r["mse"]) for r in by_horizon[h]]
-        if len(mses) == 1:
-            return f"{mses[0]:.3f}"
-        return f"{statistics.mean(mses):.3f} ± {statistics.stdev(mses):.3f} (n={len(mses)})"
+    def cell(rows: list[dict], key: str) -> str:
+        values = [float(r[key]) for r in rows]
+        if not values:
+            return "-"
+        if len(values) == 1:
+            return f"{values[0]:.3f}"
+        return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f} (n={len(values)})"
 
-    lookback = results[0]["lookback"]
-    print(f"| ours (L={lookback}), MSE | " + " | ".join(ours(h) for h in horizons) + " |")
+    def row(name: str, rows: list[dict], key: str) -> str:
+        cells = [cell([r for r in rows if int(r["horizon"]) == h], key) for h in horizons]
+        return f"| {name} | " + " | ".join(cells) + " |"
+
+    if full:
+        lookback = full[0]["lookback"]
+        print("Test MSE, every window (defaults chosen on validation only):")
+        print(header)
+        print(rule)
+        print(row(f"ours (L={lookback}), MSE", full, "mse"))
+        print(row("ours, MAE", full, "mae"))
+        for name, anchor in ANCHORS.items():
+            print(
+                f"| {name} | "
+                + " | ".join(f"{anchor[h]:.3f}" if h in anchor else "-" for h in horizons)
+                + " |"
+            )
+        print()
+    variants = [v for v in VARIANTS if any(r["variant"] == v for r in results)]
+    if len(variants) > 1:
+        print("Ablation, validation MSE (every validation window):")
+        print(header)
+        print(rule)
+        for variant in variants:
+            print(row(variant, [r for r in results if r["variant"] == variant], "val_mse"))
+        print()
     print(
-        "| ours, MAE | "
-        + " | ".join(
-            f"{statistics.mean(float(r['mae']) for r in by_horizon[h]):.3f}" for h in horizons
-        )
-        + " |"
+        "| variant | horizon | seed | test MSE | test MAE | val MSE | val loss: start -> best "
+        "| epochs (best) | train s | parameters | device |"
     )
-    for name, row in ANCHORS.items():
-        print(
-            f"| {name} | "
-            + " | ".join(f"{row[h]:.3f}" if h in row else "-" for h in horizons)
-            + " |"
-        )
-    print()
-    print("| horizon | seed | MSE | MAE | parameters | epochs (best) | train s | device |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
+        start = r["initial_val_loss"]
+        best = r["best_val_loss"]
+        change = (
+            "-"
+            if start is None
+            else f"{start:.4f} -> {best:.4f} ({(best / start - 1) * 100:+.1f}%)"
+        )
         print(
-            f"| {r['horizon']} | {r['seed']} | {r['mse']:.4f} | {r['mae']:.4f} | {r['parameters']:,} "
-            f"| {r['epochs']} ({r['best_epoch']}) | {r['train_seconds']} | {r['device']} |"
+            f"| {r['variant']} | {r['horizon']} | {r['seed']} | {r['mse']:.4f} | {r['mae']:.4f} "
+            f"| {r['val_mse']:.4f} | {change} | {r['epochs']} ({r['best_epoch']}) "
+            f"| {r['train_seconds']} | {r['parameters']:,} | {r['device']} |"
         )
 
 
@@ -179,6 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one run per seed")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument(
+        "--ablation",
+        action="store_true",
+        help="also train the linear start alone and the Transformer alone (validation table)",
+    )
     parser.add_argument(
         "--set",
         action="append",
@@ -205,12 +269,16 @@ def main(argv: list[str] | None = None) -> int:
         except json.JSONDecodeError:
             overrides[section][name] = raw  # a bare string such as model.loss=mae
 
+    variants = list(VARIANTS) if args.ablation else ["full"]
     results = []
     for horizon in args.horizon or HORIZONS:
         for seed in args.seeds:
-            result = run_one(args.data, horizon, args.lookback, seed, args.device, overrides)
-            print(json.dumps(result), file=sys.stderr, flush=True)
-            results.append(result)
+            for variant in variants:
+                result = run_one(
+                    args.data, horizon, args.lookback, seed, args.device, overrides, variant
+                )
+                print(json.dumps(result), file=sys.stderr, flush=True)
+                results.append(result)
     print_table(results)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -188,8 +188,9 @@ class TrainConfig:
     device: str = "auto"
     # Wrap the model in torch.compile (worth it on GPU for long runs).
     compile: bool = False
-    # Autocast to bfloat16 on CUDA devices.
-    bf16: bool = True
+    # Autocast the forward pass to bfloat16. None: on CUDA only (where it is fast); True: on
+    # any device (on CPU it proves the path but is usually slower); False: never.
+    bf16: bool | None = None
     # Show a tqdm progress bar with the running loss.
     progress: bool = True
     # Series per forward pass at prediction time.

@@ -33,6 +33,7 @@ from forecaster.training import (
     EpochLog,
     TrainResult,
     WindowSet,
+    bf16_autocast,
     evenly_spaced,
     resolve_device,
     seed_everything,
@@ -82,6 +83,8 @@ class Forecaster:
         self.train_config = train_config or TrainConfig()
         self.device = resolve_device(self.train_config.device)
         self.model: PatchTransformer | None = None
+        # (model, torch.compile(model)) when TrainConfig.compile: compiled once, for predict.
+        self._compiled: tuple[PatchTransformer, torch.nn.Module] | None = None
         self.freq: str | None = None
         self.train_result: TrainResult | None = None
 
@@ -319,6 +322,15 @@ class Forecaster:
         return forecaster
 
     # -- internals ------------------------------------------------------------------------
+    def _inference_model(self) -> torch.nn.Module:
+        """The model, compiled once (dynamic shapes: batches differ) when `compile` is set."""
+        model = self._require_model()
+        if not self.train_config.compile:
+            return model
+        if self._compiled is None or self._compiled[0] is not model:
+            self._compiled = (model, torch.compile(model, dynamic=True))
+        return self._compiled[1]
+
     def _require_model(self) -> PatchTransformer:
         if self.model is None:
             raise RuntimeError(
@@ -406,10 +418,9 @@ class Forecaster:
         future_covariates: torch.Tensor | None,
     ) -> ModelOutput:
         """One forward pass on the model's device; forecasts back on the CPU in float64."""
-        model = self._require_model()
+        model = self._inference_model()
         model.eval()
-        autocast = self.device.type == "cuda" and self.train_config.bf16
-        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+        with torch.inference_mode(), bf16_autocast(self.device, self.train_config.bf16):
             output, _ = model(
                 _to(past_values, self.device),
                 _to(past_observed_mask, self.device),

@@ -22,7 +22,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,6 +88,14 @@ def resolve_device(name: str = "auto") -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def bf16_autocast(device: torch.device, bf16: bool | None) -> AbstractContextManager:
+    """The forward pass's autocast context: bfloat16 on CUDA by default, anywhere when asked."""
+    enabled = device.type == "cuda" if bf16 is None else bf16
+    if not enabled:
+        return nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 def seed_everything(seed: int) -> None:
@@ -321,11 +329,7 @@ def train_model(
     warmup_steps = min(config.warmup_steps, steps_per_epoch)
     groups = _parameter_groups(model, config)
     step_weights = horizon_weights(mc, device)
-    autocast = (
-        torch.autocast("cuda", dtype=torch.bfloat16)
-        if device.type == "cuda" and config.bf16
-        else nullcontext()
-    )
+    autocast = bf16_autocast(device, config.bf16)
     rng = np.random.default_rng(config.seed)  # same on every rank: ranks shard one permutation
 
     def evaluate() -> float:

@@ -18,7 +18,7 @@ import pandas as pd
 from forecaster.data import ID, TARGET, TIME
 from forecaster.errors import InvalidConfigError, SeriesTooShortError
 from forecaster.features import season_length
-from forecaster.metrics import evaluate
+from forecaster.metrics import evaluate, metric_by_group
 from forecaster.validation import validate_long_frame
 
 
@@ -45,6 +45,18 @@ class BacktestResult:
     metrics: dict[str, float]  # metrics.evaluate over all windows
     n_windows: int
     horizon: int
+    history: pd.DataFrame  # the validated frame the windows were cut from (MASE's scale)
+    season_length: int  # MASE's seasonal lag
+
+    def by_series(self, metric: str) -> pd.Series:
+        """`metric` of each series over all its windows (index: series id as str)."""
+        return metric_by_group(self.forecasts, self.history, self.season_length, metric)
+
+    def by_window(self, metric: str) -> pd.Series:
+        """`metric` of each series in each window (index: series id as str, cutoff)."""
+        return metric_by_group(
+            self.forecasts, self.history, self.season_length, metric, by=(ID, "cutoff")
+        )
 
 
 def backtest(
@@ -125,14 +137,17 @@ def backtest(
         # Missing values are forecast but not scored.
         windows.append(_align(truth, forecast).dropna(subset=[TARGET]))
     forecasts = pd.concat(windows, ignore_index=True)
+    lag = season_length(validated.freq)
     metrics = evaluate(
-        forecasts.drop(columns="cutoff"),
-        history=frame,
-        season_length=season_length(validated.freq),
-        quantiles=quantiles,
+        forecasts.drop(columns="cutoff"), history=frame, season_length=lag, quantiles=quantiles
     )
     return BacktestResult(
-        forecasts=forecasts, metrics=metrics, n_windows=n_windows, horizon=horizon
+        forecasts=forecasts,
+        metrics=metrics,
+        n_windows=n_windows,
+        horizon=horizon,
+        history=frame,
+        season_length=lag,
     )
 
 

@@ -159,38 +159,81 @@ def evaluate(
 
 
 def _mean_mase(forecasts: pd.DataFrame, history: pd.DataFrame, season_length: int) -> float:
+    values = metric_by_group(forecasts, history, season_length, "mase").to_numpy()
+    return float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
+
+
+def _mase_scales(forecasts: pd.DataFrame, history: pd.DataFrame, season_length: int) -> np.ndarray:
+    """Per forecast row: the in-sample seasonal-naive MAE of its series (NaN: no scale).
+
+    The in-sample part of a series is its `history` before its first forecast timestamp.
+    """
     missing = [c for c in (ID, TIME, TARGET) if c not in history.columns]
     if missing:
         raise MissingColumnsError(
             f"history: missing columns {missing}; present: {list(map(str, history.columns))}",
             field=missing[0],
         )
-    ids = forecasts[ID].astype("str")
-    abs_err = pd.Series(
-        np.abs(forecasts[TARGET].to_numpy(np.float64) - forecasts["mean"].to_numpy(np.float64))
-    )
-    mae_per_series = abs_err.groupby(ids.to_numpy(), sort=False).mean()
-    series_index = mae_per_series.index
-    first_forecast = pd.Series(forecasts[TIME].to_numpy()).groupby(ids.to_numpy()).min()
-
+    ids = forecasts[ID].astype("str").to_numpy()
+    first_forecast = pd.Series(forecasts[TIME].to_numpy()).groupby(ids).min()
     hist_ids = history[ID].astype("str").to_numpy()
-    hist_ds = pd.Series(history[TIME].to_numpy())
     cut = first_forecast.reindex(hist_ids).to_numpy()
-    keep = hist_ds.to_numpy() < cut  # NaT (series never forecast) compares False
+    keep = history[TIME].to_numpy() < cut  # NaT (series never forecast) compares False
     hist = pd.DataFrame(
         {ID: hist_ids[keep], TARGET: history[TARGET].to_numpy(np.float64)[keep]}
     ).reset_index(drop=True)
-    mae_per_series = mae_per_series.to_numpy()
-    scale = np.full(mae_per_series.size, np.nan)
-    if len(hist):
-        lengths = hist.groupby(ID, sort=False)[TARGET].transform("size").to_numpy()
-        grouped = hist.groupby(ID, sort=False)[TARGET]
-        diff_m = (hist[TARGET] - grouped.shift(season_length)).abs().to_numpy()
-        diff_1 = (hist[TARGET] - grouped.shift(1)).abs().to_numpy()
-        # Lag 1 for series too short for a seasonal difference, as in `mase_scale`.
-        diffs = pd.Series(np.where(lengths > season_length, diff_m, diff_1))
-        per_series = diffs.groupby(hist[ID].to_numpy(), sort=False).mean()
-        scale = per_series.reindex(series_index).to_numpy(dtype=np.float64)
-    scale = np.where(scale > 0, scale, np.nan)
-    values = mae_per_series / scale
-    return float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
+    if not len(hist):
+        return np.full(len(forecasts), np.nan)
+    lengths = hist.groupby(ID, sort=False)[TARGET].transform("size").to_numpy()
+    grouped = hist.groupby(ID, sort=False)[TARGET]
+    diff_m = (hist[TARGET] - grouped.shift(season_length)).abs().to_numpy()
+    diff_1 = (hist[TARGET] - grouped.shift(1)).abs().to_numpy()
+    # Lag 1 for series too short for a seasonal difference, as in `mase_scale`.
+    diffs = pd.Series(np.where(lengths > season_length, diff_m, diff_1))
+    scale = diffs.groupby(hist[ID].to_numpy(), sort=False).mean().reindex(ids).to_numpy()
+    return np.where(scale > 0, scale, np.nan)
+
+
+def metric_by_group(
+    forecasts: pd.DataFrame,
+    history: pd.DataFrame,
+    season_length: int,
+    metric: str,
+    by: Sequence[str] = (ID,),
+) -> pd.Series:
+    """One metric per group of forecast rows: per series by default, or per (series, cutoff).
+
+    The values behind `evaluate`'s averages, for paired comparisons of two models on the same
+    windows (pipelines.promote). MASE scales every row by its series' in-sample scale.
+    """
+    y = forecasts[TARGET].to_numpy(np.float64)
+    error = y - forecasts["mean"].to_numpy(np.float64)
+    if metric in ("mae", "mase"):
+        values = np.abs(error)
+        if metric == "mase":
+            values = values / _mase_scales(forecasts, history, season_length)
+    elif metric in ("mse", "rmse"):
+        values = error**2
+    elif metric == "smape":
+        denominator = np.abs(y) + np.abs(forecasts["mean"].to_numpy(np.float64))
+        values = np.divide(
+            200.0 * np.abs(error), denominator, out=np.zeros_like(y), where=denominator > 0
+        )
+    elif metric == "pinball":
+        levels = quantiles_in(forecasts)
+        if not levels:
+            raise MissingColumnsError("forecasts: no quantile columns for pinball", field="q")
+        diff = y[:, None] - forecasts[[quantile_column(q) for q in levels]].to_numpy(np.float64)
+        tau = np.asarray(levels)[None, :]
+        values = np.maximum(tau * diff, (tau - 1) * diff).mean(axis=1)
+    else:
+        raise InvalidConfigError(
+            f"metric: expected one of mae, mse, rmse, smape, mase, pinball; got {metric!r}",
+            field="metric",
+        )
+    keys = [
+        forecasts[column].astype("str").to_numpy() if column == ID else forecasts[column].to_numpy()
+        for column in by
+    ]
+    grouped = pd.Series(values).groupby(keys, sort=False).mean()
+    return (np.sqrt(grouped) if metric == "rmse" else grouped).rename(metric)

@@ -1,21 +1,36 @@
-"""Promote: move `champion` to the `challenger` when it is better on the most recent data.
+"""Promote: move `champion` to the `challenger` when it is reliably better on recent data.
 
-Both are scored on the same holdout window: the last horizon of every series of the given
-data, forecast from the points before it, beside seasonal naive. ``champion`` moves when
-there is none, or when the challenger beats it by the configured relative margin on the
-configured metric and also beats seasonal naive. The decision and its reason are recorded
-as tags of the challenger version either way; a promoted version also records which version
-it replaced, which is what ``rollback`` goes back to.
+Champion, challenger and seasonal naive are scored on the same rolling-origin backtest windows
+(the last `n_windows` horizons of every series of the given data). ``champion`` moves when
+there is none, or when all of these hold:
+
+- the challenger's mean per-series metric beats the champion's by the relative margin;
+- the improvement is unlikely to be noise: a one-sided paired test over the errors of each
+  series in each window (Wilcoxon signed-rank by default, or a sign test) gives p < alpha.
+  Pairs are (series, window) rather than series so that a few series with several windows
+  can still show a difference; windows of one series are not independent, so the p-value is
+  optimistic when there are few series;
+- the challenger beats seasonal naive (unless that is switched off).
+
+Two equally good models (same data and configuration, another seed) then swap the alias only
+when the test errs, about alpha of the time at most (measured: ``benchmarks.promotion``).
+The decision, every score, the test's statistic and p-value and the reason are recorded as
+tags of the challenger version either way; a promoted version also records which version it
+replaced, which is what ``rollback`` goes back to.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Literal
 
+import numpy as np
 import pandas as pd
+from scipy import stats
 
 from forecaster.backtest import backtest
 from forecaster.baselines import SeasonalNaive
@@ -36,6 +51,30 @@ logger = logging.getLogger(__name__)
 DECISION, REASON = "promotion.decision", "promotion.reason"
 PREVIOUS_CHAMPION = "promotion.previous_champion"
 
+PairedTestName = Literal["wilcoxon", "sign"]
+
+
+@dataclass(frozen=True)
+class PairedTest:
+    """One-sided paired test that the challenger's per-series errors are the lower ones."""
+
+    name: PairedTestName
+    statistic: float  # Wilcoxon's W, or the number of pairs the challenger wins (sign test)
+    p_value: float
+    n_pairs: int  # (series, window) pairs scored by both models
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the scores say, before anything is recorded."""
+
+    promoted: bool
+    reason: str
+    challenger_score: float
+    champion_score: float | None
+    baseline_score: float
+    test: PairedTest | None
+
 
 @dataclass(frozen=True)
 class PromotionDecision:
@@ -49,6 +88,7 @@ class PromotionDecision:
     challenger_score: float | None = None
     champion_score: float | None = None
     baseline_score: float | None = None
+    test: PairedTest | None = None
 
     @property
     def champion_version(self) -> str | None:
@@ -58,9 +98,78 @@ class PromotionDecision:
         return self.champion.version if self.champion else None
 
 
-def score(model, frame: pd.DataFrame, horizon: int, metric: str) -> float:
-    """``metric`` of ``model`` on the last ``horizon`` points of every series of ``frame``."""
-    return float(backtest(model, frame, n_windows=1, horizon=horizon).metrics[metric])
+def window_scores(
+    model, frame: pd.DataFrame, horizon: int, metric: str, n_windows: int
+) -> pd.Series:
+    """``metric`` of each series of ``frame`` in each of its last ``n_windows`` horizons."""
+    return backtest(model, frame, n_windows=n_windows, horizon=horizon).by_window(metric)
+
+
+def paired_test(
+    challenger: pd.Series, champion: pd.Series, test: PairedTestName = "wilcoxon"
+) -> PairedTest:
+    """Is the challenger's error lower, pair by pair (same index)? Ties carry no vote."""
+    both = pd.concat([challenger, champion], axis=1, join="inner").dropna()
+    diff = both.iloc[:, 0].to_numpy() - both.iloc[:, 1].to_numpy()
+    diff = diff[diff != 0]
+    if diff.size == 0:
+        return PairedTest(test, 0.0, 1.0, len(both))
+    if test == "wilcoxon":
+        result = stats.wilcoxon(diff, alternative="less")
+        return PairedTest(test, float(result.statistic), float(result.pvalue), len(both))
+    wins = int((diff < 0).sum())
+    result = stats.binomtest(wins, diff.size, 0.5, alternative="greater")
+    return PairedTest(test, float(wins), float(result.pvalue), len(both))
+
+
+def _mean(scores: pd.Series) -> float:
+    values = scores.to_numpy(dtype=np.float64)
+    return float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
+
+
+def decide(
+    challenger: pd.Series,
+    champion: pd.Series | None,
+    baseline: pd.Series,
+    *,
+    metric: str,
+    margin: float = 0.0,
+    alpha: float = 0.05,
+    test: PairedTestName = "wilcoxon",
+    require_beats_baseline: bool = True,
+    window: str = "",
+) -> Verdict:
+    """The promotion rule on paired scores (lower is better); ``champion=None``: none yet."""
+    challenger_score, baseline_score = _mean(challenger), _mean(baseline)
+    champion_score = None if champion is None else _mean(champion)
+    beats_naive = challenger_score < baseline_score or not require_beats_baseline
+    naive_text = f"seasonal naive {baseline_score:.4g}"
+
+    def verdict(promoted: bool, reason: str, paired: PairedTest | None = None) -> Verdict:
+        return Verdict(promoted, reason, challenger_score, champion_score, baseline_score, paired)
+
+    if not math.isfinite(challenger_score):
+        return verdict(False, f"challenger {metric} is {challenger_score} ({window})")
+    if champion is None:  # something must serve; the comparison with naive is in the reason
+        return verdict(
+            True, f"no {CHAMPION} yet; challenger {window}: {challenger_score:.4g}, {naive_text}"
+        )
+    paired = paired_test(challenger, champion, test)
+    threshold = champion_score * (1.0 - margin)
+    comparison = (
+        f"challenger {challenger_score:.4g} vs champion {champion_score:.4g} (needs <= "
+        f"{threshold:.4g}, margin {margin:.1%}); {test} p = {paired.p_value:.3g} over "
+        f"{paired.n_pairs} series x windows (needs < {alpha:g}); {naive_text}; {window}"
+    )
+    if not challenger_score <= threshold:
+        return verdict(
+            False, f"challenger not better than champion by the margin: {comparison}", paired
+        )
+    if alpha < 1.0 and not paired.p_value < alpha:
+        return verdict(False, f"improvement not significant (could be noise): {comparison}", paired)
+    if not beats_naive:
+        return verdict(False, f"challenger does not beat seasonal naive: {comparison}", paired)
+    return verdict(True, f"challenger significantly better than champion: {comparison}", paired)
 
 
 def promote(
@@ -69,11 +178,14 @@ def promote(
     model_name: str,
     metric: str = "mase",
     margin: float = 0.0,
+    alpha: float = 0.05,
+    test: PairedTestName = "wilcoxon",
+    n_windows: int = 3,
     require_beats_baseline: bool = True,
     tracking_uri: str | None = None,
     device: str | None = "cpu",
 ) -> PromotionDecision:
-    """Compare ``@challenger`` with ``@champion`` on ``frame``'s holdout window and decide.
+    """Compare ``@challenger`` with ``@champion`` on ``frame``'s backtest windows and decide.
 
     Raises:
         NoChallengerError: no version carries the ``challenger`` alias.
@@ -92,14 +204,28 @@ def promote(
     except ModelNotFoundError:
         champion = None
 
-    def decide(promoted: bool, reason: str, **scores: float | None) -> PromotionDecision:
+    def record(
+        verdict: Verdict | None, promoted: bool = False, reason: str = ""
+    ) -> PromotionDecision:
+        if verdict is not None:
+            promoted, reason = verdict.promoted, verdict.reason
+        scores = (
+            {}
+            if verdict is None
+            else {
+                "challenger_score": verdict.challenger_score,
+                "champion_score": verdict.champion_score,
+                "baseline_score": verdict.baseline_score,
+                "test": verdict.test,
+            }
+        )
         return _record(
             PromotionDecision(promoted, reason, metric, challenger, champion, **scores),
             tracking_uri,
         )
 
     if champion is not None and champion.version == challenger.version:
-        return decide(False, f"version {challenger.version} is already {CHAMPION}")
+        return record(None, False, f"version {challenger.version} is already {CHAMPION}")
 
     challenger_model = load_version(challenger, tracking_uri=tracking_uri, device=device)
     horizon = challenger_model.max_horizon
@@ -112,61 +238,33 @@ def promote(
         except (ModelNotFoundError, ValueError, OSError) as exc:
             champion_problem = f"champion version {champion.version} cannot be loaded: {exc}"
 
-    challenger_score = score(challenger_model, frame, horizon, metric)
+    challenger_scores = window_scores(challenger_model, frame, horizon, metric, n_windows)
     naive = SeasonalNaive(horizon=horizon, quantiles=challenger_model.quantiles).fit(frame)
-    baseline_score = score(naive, frame, horizon, metric)
-    champion_score = None
+    baseline_scores = window_scores(naive, frame, horizon, metric, n_windows)
+    champion_scores = None
     if champion_model is not None:
         try:
-            champion_score = score(champion_model, frame, horizon, metric)
+            champion_scores = window_scores(champion_model, frame, horizon, metric, n_windows)
         except ForecasterInputError as exc:
             # e.g. the data's frequency changed, or its context is longer than the data holds.
             champion_problem = (
                 f"champion version {champion.version} cannot forecast this data: {exc}"
             )
-    scores = {
-        "challenger_score": challenger_score,
-        "champion_score": champion_score,
-        "baseline_score": baseline_score,
-    }
-    window = f"{metric} over the last {horizon} points of each series"
-    beats_naive = challenger_score < baseline_score or not require_beats_baseline
-    naive_text = f"seasonal naive {baseline_score:.4g}"
-
-    if not math.isfinite(challenger_score):
-        return decide(False, f"challenger {metric} is {challenger_score} ({window})", **scores)
-    if champion is None:
-        return decide(
-            True,
-            f"no {CHAMPION} yet; challenger {window}: {challenger_score:.4g}, {naive_text}",
-            **scores,
-        )
-    if champion_problem is not None:
-        if not beats_naive:
-            return decide(
-                False,
-                f"{champion_problem}; and the challenger ({challenger_score:.4g}) does not beat {naive_text} ({window})",
-                **scores,
-            )
-        return decide(
-            True,
-            f"{champion_problem}; challenger {challenger_score:.4g} beats {naive_text} ({window})",
-            **scores,
-        )
-    threshold = champion_score * (1.0 - margin)
-    comparison = (
-        f"challenger {challenger_score:.4g} vs champion v{champion.version} {champion_score:.4g}"
-        f" (needs <= {threshold:.4g}, margin {margin:.1%}), {naive_text}; {window}"
+    window = f"{metric} over the last {n_windows} x {horizon} points of each series"
+    verdict = decide(
+        challenger_scores,
+        champion_scores,
+        baseline_scores,
+        metric=metric,
+        margin=margin,
+        alpha=alpha,
+        test=test,
+        require_beats_baseline=require_beats_baseline,
+        window=window,
     )
-    if not challenger_score <= threshold:
-        return decide(
-            False, f"challenger not better than champion by the margin: {comparison}", **scores
-        )
-    if not beats_naive:
-        return decide(False, f"challenger does not beat seasonal naive: {comparison}", **scores)
-    return decide(
-        True, f"challenger better than champion and seasonal naive: {comparison}", **scores
-    )
+    if champion_problem is not None:  # judged against seasonal naive alone, as with no champion
+        verdict = dataclasses.replace(verdict, reason=f"{champion_problem}; {verdict.reason}")
+    return record(verdict)
 
 
 def _record(decision: PromotionDecision, tracking_uri: str | None) -> PromotionDecision:
@@ -184,6 +282,11 @@ def _record(decision: PromotionDecision, tracking_uri: str | None) -> PromotionD
         value = getattr(decision, key)
         if value is not None:
             tags[f"promotion.{key}"] = f"{value:.6g}"
+    if decision.test is not None:
+        tags["promotion.test"] = decision.test.name
+        tags["promotion.test_statistic"] = f"{decision.test.statistic:.6g}"
+        tags["promotion.p_value"] = f"{decision.test.p_value:.6g}"
+        tags["promotion.test_pairs"] = str(decision.test.n_pairs)
     if decision.champion is not None:
         tags["promotion.compared_with"] = decision.champion.version
     if decision.promoted and decision.champion is not None:

@@ -1,7 +1,7 @@
 """The registered model's code: an MLflow pyfunc around ``Forecaster.load``.
 
 Logged with MLflow's models-from-code (this file is stored with the model and executed at
-load time), so no PythonModel object is pickled. The weights, JSON config and scaler state
+load time), so no PythonModel object is pickled. The weights and JSON config
 are the artifact named ``forecaster``: the directory ``Forecaster.save`` wrote. Loading reads
 JSON and safetensors only.
 

@@ -252,6 +252,9 @@ def retrain(
             model_name=settings.model_name,
             metric=settings.promotion_metric,
             margin=settings.promotion_margin,
+            alpha=settings.promotion_alpha,
+            test=settings.promotion_test,
+            n_windows=settings.backtest_windows,
             require_beats_baseline=settings.require_beats_baseline,
             tracking_uri=run.uri,
         )

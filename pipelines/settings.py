@@ -72,8 +72,8 @@ class PipelineSettings(BaseSettings):
     # -- splits and evaluation ---------------------------------------------------------------
     # Points per series held out for early stopping; None means 2 horizons.
     val_length: int | None = Field(default=None, ge=1)
-    # Rolling-origin backtest windows (one horizon each) at the end of every series; the last
-    # one is the holdout window promotion scores champion and challenger on.
+    # Rolling-origin backtest windows (one horizon each) at the end of every series; promotion
+    # scores champion, challenger and seasonal naive on these same windows.
     backtest_windows: int = Field(default=3, ge=1)
     # Series drawn in the forecast plot.
     plot_series: int = Field(default=4, ge=1)
@@ -82,6 +82,10 @@ class PipelineSettings(BaseSettings):
     promotion_metric: PromotionMetric = "mase"
     # Relative improvement the challenger needs over the champion: 0.02 = 2 % lower metric.
     promotion_margin: float = Field(default=0.0, ge=0.0, lt=1.0)
+    # One-sided paired test over per-series errors that the improvement is not noise.
+    promotion_test: Literal["wilcoxon", "sign"] = "wilcoxon"
+    # The test's p-value must be below this; 1.0 switches the test off.
+    promotion_alpha: float = Field(default=0.05, gt=0.0, le=1.0)
     # The challenger must also beat seasonal naive on the holdout window to be promoted.
     require_beats_baseline: bool = True
 

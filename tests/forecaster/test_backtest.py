@@ -98,3 +98,16 @@ def test_too_short_for_the_windows():
     with pytest.raises(SeriesTooShortError, match="backtest window") as info:
         backtest(SeasonalNaive().fit(df), df, n_windows=3, horizon=24)
     assert info.value.series_id == "series_000"
+
+
+@pytest.mark.parametrize("metric", ["mae", "mse", "smape", "mase", "pinball"])
+def test_per_series_scores_average_to_the_overall_metric(metric):
+    """Equal-length series: the mean of the per-series values is the metric over all rows."""
+    df = generate_synthetic(n_series=5, n_steps=24 * 10, freq="h", seed=0)
+    result = backtest(SeasonalNaive(horizon=24).fit(df), df, n_windows=3)
+    by_series = result.by_series(metric)
+    assert sorted(by_series.index) == sorted(df["unique_id"].astype(str).unique())
+    assert by_series.mean() == pytest.approx(result.metrics[metric], rel=1e-9)
+    by_window = result.by_window(metric)
+    assert len(by_window) == 5 * 3  # series x windows
+    assert by_window.mean() == pytest.approx(result.metrics[metric], rel=1e-9)

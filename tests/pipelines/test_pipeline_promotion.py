@@ -52,8 +52,18 @@ def test_promotion_rules_and_rollback(store, data_csv, capsys):
     )
     assert _aliases(store)["champion"] == "1"
 
-    # With no margin it ties the champion, which is enough once seasonal naive is not required.
+    # A tie is no evidence: the paired test refuses it, with its p-value recorded.
     assert main([*args, "--set", "require_beats_baseline=false"]) == 0
+    tags = client_for(store).get_model_version("forecaster", "2").tags
+    assert tags["promotion.decision"] == "rejected"
+    assert "not significant" in tags["promotion.reason"]
+    assert tags["promotion.test"] == "wilcoxon"
+    assert float(tags["promotion.p_value"]) == 1.0
+
+    # With the test switched off, no margin and no baseline requirement, a tie is enough.
+    assert (
+        main([*args, "--set", "require_beats_baseline=false", "--set", "promotion_alpha=1.0"]) == 0
+    )
     tags = client_for(store).get_model_version("forecaster", "2").tags
     assert tags["promotion.decision"] == "promoted"
     assert tags["promotion.previous_champion"] == "1"
@@ -76,3 +86,32 @@ def test_promotion_rules_and_rollback(store, data_csv, capsys):
     assert resolve_model("models:/forecaster@champion", tracking_uri=uri).version == "2"
     assert main([*rollback, "--to-version", "7"]) == 3
     assert resolve_model("models:/forecaster@champion", tracking_uri=uri).version == "2"
+
+
+def test_another_seed_on_the_same_data_does_not_move_the_champion(store, data_csv, capsys):
+    cfg = config_file(store)
+    args = ["--config", str(cfg), "--data", str(data_csv)]
+    assert main(["train", *args, "--set", "train.seed=1"]) == 0
+    assert main(["promote", *args]) == 0
+    tags = client_for(store).get_model_version("forecaster", "2").tags
+    assert tags["promotion.decision"] == "rejected", tags["promotion.reason"]
+    assert float(tags["promotion.p_value"]) >= 0.05
+    assert _aliases(store)["champion"] == "1"
+
+
+def test_a_clearly_better_challenger_is_promoted_with_its_p_value(tmp_path, data_csv, capsys):
+    cfg = config_file(tmp_path)
+    args = ["--config", str(cfg), "--data", str(data_csv)]
+    # A deliberately weak champion: no linear start and no training forecasts the window mean.
+    weak = ["--set", "train.max_epochs=0", "--set", "model.linear_start=false"]
+    assert main(["train", *args, *weak]) == 0
+    assert main(["promote", *args, "--set", "require_beats_baseline=false"]) == 0
+    assert _aliases(tmp_path)["champion"] == "1"
+    assert main(["train", *args]) == 0
+    assert main(["promote", *args]) == 0
+    tags = client_for(tmp_path).get_model_version("forecaster", "2").tags
+    assert tags["promotion.decision"] == "promoted", tags["promotion.reason"]
+    assert float(tags["promotion.p_value"]) < 0.05
+    assert int(tags["promotion.test_pairs"]) == 4 * 3  # every series in every window
+    assert float(tags["promotion.challenger_score"]) < float(tags["promotion.champion_score"])
+    assert _aliases(tmp_path)["champion"] == "2"

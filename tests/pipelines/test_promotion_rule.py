@@ -1,0 +1,66 @@
+"""The promotion rule on paired scores: margin, paired test, seasonal naive."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipelines.promote import decide, paired_test
+
+
+def _scores(values) -> pd.Series:
+    return pd.Series(values, index=[f"s{i}" for i in range(len(values))], dtype=float)
+
+
+@pytest.fixture()
+def champion() -> pd.Series:
+    return _scores(np.random.default_rng(0).uniform(0.8, 1.2, 60))
+
+
+def test_a_consistent_improvement_is_promoted_with_its_p_value(champion):
+    verdict = decide(champion * 0.9, champion, champion * 2, metric="mase", margin=0.02)
+    assert verdict.promoted
+    assert verdict.test.p_value < 1e-6 and verdict.test.n_pairs == 60
+    assert verdict.challenger_score == pytest.approx(0.9 * verdict.champion_score)
+
+
+def test_noise_around_the_champion_is_not_promoted(champion):
+    """Same quality, other seed: per-series differences symmetric around zero."""
+    rng = np.random.default_rng(1)
+    promoted = 0
+    for _ in range(200):
+        other = champion * np.exp(rng.normal(0, 0.05, len(champion)))
+        promoted += decide(other, champion, champion * 2, metric="mase").promoted
+    assert promoted / 200 <= 0.1  # the test's level is 0.05 one-sided
+
+
+def test_a_better_mean_driven_by_one_series_is_not_significant(champion):
+    challenger = champion.copy()
+    challenger.iloc[:30] *= 1.01  # slightly worse on half the series
+    challenger.iloc[30] *= 0.01  # far better on one
+    verdict = decide(challenger, champion, champion * 2, metric="mae")
+    assert verdict.challenger_score < verdict.champion_score
+    assert not verdict.promoted and "not significant" in verdict.reason
+
+
+def test_margin_and_baseline_still_apply(champion):
+    small = decide(champion * 0.99, champion, champion * 2, metric="mae", margin=0.05)
+    assert not small.promoted and "margin" in small.reason
+    behind_naive = decide(champion * 0.5, champion, champion * 0.4, metric="mae")
+    assert not behind_naive.promoted and "seasonal naive" in behind_naive.reason
+
+
+def test_the_first_version_is_promoted_with_naive_in_the_reason(champion):
+    verdict = decide(champion, None, champion * 0.5, metric="mae")
+    assert verdict.promoted and "seasonal naive" in verdict.reason and verdict.test is None
+
+
+@pytest.mark.parametrize("name", ["wilcoxon", "sign"])
+def test_paired_test_pairs_by_series_id_and_ignores_missing(name):
+    challenger = _scores([1.0, 2.0, 3.0, np.nan])
+    champion = pd.Series([3.5, 1.5, 2.5, 4.5], index=["s2", "s1", "s0", "s3"])
+    result = paired_test(challenger, champion, name)
+    assert result.n_pairs == 3  # s3 has no challenger score
+    ties = paired_test(challenger, challenger, name)
+    assert ties.p_value == 1.0

@@ -89,9 +89,11 @@ def load_data(settings: PipelineSettings, data: str | Path | pd.DataFrame | None
 
 
 def mark_stale_runs(client: MlflowClient, experiment_id: str) -> None:
-    """Mark KILLED the RUNNING pipeline runs of this host whose process is gone.
+    """End the RUNNING pipeline runs of this host that are not running any more.
 
-    Only called while holding the pipeline lock, so no live run of this host can be among them.
+    A run of a process that is gone is marked KILLED; an earlier run of this very process (a
+    scheduler whose tracking server vanished as that run ended) is marked FAILED. Only called
+    while holding the pipeline lock, so no live run of this host can be among them.
     """
     host = socket.gethostname()
     runs = client.search_runs(
@@ -101,11 +103,22 @@ def mark_stale_runs(client: MlflowClient, experiment_id: str) -> None:
     )
     for run in runs:
         pid = int(run.data.tags.get(PID_TAG, "0") or 0)
-        if pid == os.getpid() or _alive(pid):
+        if pid == os.getpid():
+            error = "the run ended while the tracking server could not be reached"
+            status = RunStatus.FAILED
+        elif _alive(pid):
             continue
-        client.set_tag(run.info.run_id, "error", "process died before the run finished")
-        client.set_terminated(run.info.run_id, status=RunStatus.to_string(RunStatus.KILLED))
-        logger.warning("marked run %s (pid %d, gone) as KILLED", run.info.run_id, pid)
+        else:
+            error, status = "process died before the run finished", RunStatus.KILLED
+        client.set_tag(run.info.run_id, "error", error)
+        client.set_terminated(run.info.run_id, status=RunStatus.to_string(status))
+        logger.warning(
+            "marked run %s (pid %d) as %s: %s",
+            run.info.run_id,
+            pid,
+            RunStatus.to_string(status),
+            error,
+        )
 
 
 def _alive(pid: int) -> bool:

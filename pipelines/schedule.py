@@ -2,8 +2,11 @@
 
 Two schedulers never run at once (a second start exits at once with a clear error), and a
 scheduled run never overlaps a manual one: each run takes the pipeline lock, and a tick that
-finds it held is skipped. A failed run is logged (its MLflow run is FAILED), leaves
-``champion`` where it was, and the scheduler carries on with the next tick.
+finds it held is skipped. Ticks are never replayed: the next tick is always the first one
+after *now*, so ticks that fell while a run was still going are skipped with a log line, and
+ticks missed while the machine slept coalesce into the one run on waking. A failed run is
+logged (its MLflow run is FAILED, or marked so by the next run if the tracking server was
+what failed), leaves ``champion`` where it was, and the scheduler carries on.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -28,13 +31,14 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class ScheduleReport:
-    """What the scheduler did before it stopped."""
+    """What the scheduler did before it stopped (counts only: nothing accumulates)."""
 
     runs: int = 0
     succeeded: int = 0
     failed: int = 0
-    skipped: int = 0
-    results: list[RetrainResult] = field(default_factory=list)
+    skipped: int = 0  # ticks that found another pipeline run holding the lock
+    overlapped_ticks: int = 0  # ticks that fell while a run of this scheduler was going
+    last_result: RetrainResult | None = None
 
 
 def scheduler_lock_path(settings: PipelineSettings) -> Path:
@@ -49,12 +53,14 @@ def run_schedule(
     max_runs: int | None = None,
     run_now: bool = False,
     sleep: Callable[[float], None] = time.sleep,
+    now: Callable[[], datetime] = lambda: datetime.now().astimezone(),
 ) -> ScheduleReport:
     """Run ``retrain`` at every tick of ``cron`` (default: the ``schedule`` setting).
 
     Args:
         max_runs: stop after this many ticks (None: run until interrupted).
         run_now: run once at start, before waiting for the first tick.
+        sleep, now: the time source (tests inject a fast clock).
 
     Raises:
         PipelineLockedError: another scheduler is running.
@@ -67,22 +73,22 @@ def run_schedule(
         )
     report = ScheduleReport()
     with pipeline_lock(scheduler_lock_path(settings), what="scheduler"):
-        ticks = croniter(expression, datetime.now().astimezone())
         first = run_now
         while max_runs is None or report.runs < max_runs:
             if not first:
-                next_time = ticks.get_next(datetime)
+                next_time = croniter(expression, now()).get_next(datetime)
                 logger.info("next retrain at %s (cron %r)", next_time.isoformat(), expression)
-                _sleep_until(next_time, sleep)
+                _sleep_until(next_time, sleep, now)
             first = False
             report.runs += 1
+            started = now()
             try:
                 result = retrain(settings, data)
             except PipelineLockedError as exc:
                 report.skipped += 1
                 logger.warning("skipped this tick: %s", exc)
             except (ForecasterInputError, ModelNotFoundError, TrackingUnavailableError) as exc:
-                # The run is already marked FAILED in MLflow; champion was not touched.
+                # The run is marked FAILED in MLflow (by the next run if the server was down).
                 report.failed += 1
                 logger.error("scheduled retrain failed, champion unchanged: %s", exc)
             except Exception:
@@ -90,17 +96,36 @@ def run_schedule(
                 logger.exception("scheduled retrain failed, champion unchanged")
             else:
                 report.succeeded += 1
-                report.results.append(result)
+                report.last_result = result
                 logger.info(
                     "scheduled retrain: version %s %s (%s)",
                     result.version.version,
                     "promoted" if result.decision.promoted else "not promoted",
                     result.decision.reason,
                 )
+            overlapped = _ticks_between(expression, started, now())
+            if overlapped:
+                report.overlapped_ticks += overlapped
+                logger.warning(
+                    "skipped %d tick(s) of cron %r that fell during the run (%s to %s)",
+                    overlapped,
+                    expression,
+                    started.isoformat(timespec="seconds"),
+                    now().isoformat(timespec="seconds"),
+                )
     return report
 
 
-def _sleep_until(when: datetime, sleep: Callable[[float], None]) -> None:
+def _ticks_between(expression: str, start: datetime, end: datetime) -> int:
+    ticks, count = croniter(expression, start), 0
+    while ticks.get_next(datetime) <= end:
+        count += 1
+    return count
+
+
+def _sleep_until(
+    when: datetime, sleep: Callable[[float], None], now: Callable[[], datetime]
+) -> None:
     # Short naps so a changed wall clock (suspend, NTP step) cannot make us oversleep a tick.
-    while (remaining := (when - datetime.now().astimezone()).total_seconds()) > 0:
+    while (remaining := (when - now()).total_seconds()) > 0:
         sleep(min(remaining, 30.0))

@@ -1,0 +1,74 @@
+"""The scheduler on a fast clock: real retrains, with one real second worth one hour."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timedelta
+
+from pipelines.schedule import run_schedule
+from tests.pipelines.pipeline_helpers import make_settings
+
+
+class FastClock:
+    """Wall time, sped up: the scheduler's time source and nothing else is replaced."""
+
+    def __init__(self, speed: float, start: datetime):
+        self.speed, self.start, self.real_start = speed, start, time.monotonic()
+        self.waits: list[tuple[datetime, datetime]] = []  # (when, the tick it waits for)
+
+    def now(self) -> datetime:
+        return self.start + timedelta(seconds=(time.monotonic() - self.real_start) * self.speed)
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds / self.speed)
+
+
+def test_ticks_during_a_long_run_are_skipped_not_replayed(store, data_csv, caplog):
+    """An hourly cron whose run takes hours (in clock time) runs again at the next tick after
+    it ends: no back-to-back replays of the ticks it overlapped."""
+    clock = FastClock(speed=3600.0, start=datetime(2026, 1, 1, 0, 30).astimezone())
+    settings = make_settings(store, data=str(data_csv))
+
+    class Waits(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("next retrain at "):
+                tick = datetime.fromisoformat(record.args[0])
+                clock.waits.append((clock.now(), tick))
+
+    handler = Waits()
+    logging.getLogger("pipelines.schedule").addHandler(handler)
+    caplog.set_level(logging.INFO, logger="pipelines.schedule")
+    try:
+        report = run_schedule(
+            settings, cron="0 * * * *", max_runs=2, run_now=True, sleep=clock.sleep, now=clock.now
+        )
+    finally:
+        logging.getLogger("pipelines.schedule").removeHandler(handler)
+    assert (report.runs, report.succeeded, report.failed) == (2, 2, 0)
+    # each real retrain lasts seconds, i.e. hours on this clock: the ticks it spans are skipped
+    assert report.overlapped_ticks >= 2
+    assert "tick(s) of cron '0 * * * *' that fell during the run" in caplog.text
+    assert len(clock.waits) == 1  # one wait between the two runs ...
+    logged_at, next_tick = clock.waits[0]
+    assert next_tick > logged_at  # ... for a tick still in the future, never a missed one
+    assert next_tick - logged_at <= timedelta(hours=1)
+    assert report.last_result is not None and not hasattr(report, "results")
+
+
+def test_a_run_left_running_by_this_process_is_marked_failed_by_the_next(tmp_path):
+    """The tracking server vanished as a scheduled run ended: the next run ends it FAILED."""
+    import os
+    import socket
+
+    from pipelines import tracking
+    from pipelines.retrain import HOST_TAG, PID_TAG, mark_stale_runs
+
+    client = tracking.client(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("forecaster", artifact_location=str(tmp_path / "a"))
+    tags = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
+    left = client.create_run(experiment, tags=tags).info.run_id
+    mark_stale_runs(client, experiment)
+    run = client.get_run(left)
+    assert run.info.status == "FAILED"
+    assert "tracking server" in run.data.tags["error"]

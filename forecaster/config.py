@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -176,6 +177,11 @@ class TrainConfig:
     max_lr_decays: int = 4
     # Epochs without validation improvement that make a plateau.
     patience: int = 1
+    # Refit: one epoch per factor at learning_rate x factor on every window, with no
+    # validation, early stopping or restores (a factor change starts fresh AdamW moments, as a
+    # restore does). An evaluated run's TrainResult.kept_lr_factors replays the path that led
+    # to its best weights, so a model refit on all data trains as far as validation said.
+    replay_lr_factors: tuple[float, ...] = ()
     # Global gradient-norm clip; 0 disables clipping.
     grad_clip: float = 1.0
     # Training windows drawn per epoch (a fresh random subset each epoch); 0 = all.
@@ -220,6 +226,14 @@ class TrainConfig:
         )
         _check(self.max_val_windows >= 0, "max_val_windows", ">= 0", self.max_val_windows)
         _check(self.predict_batch_size >= 1, "predict_batch_size", ">= 1", self.predict_batch_size)
+        factors = tuple(float(f) for f in self.replay_lr_factors)
+        _check(
+            all(math.isfinite(f) and f > 0 for f in factors),
+            "replay_lr_factors",
+            "positive finite factors",
+            self.replay_lr_factors,
+        )
+        object.__setattr__(self, "replay_lr_factors", factors)
 
 
 def config_to_dict(config: ModelConfig | TrainConfig) -> dict[str, Any]:

@@ -123,6 +123,8 @@ class Forecaster:
         `val_df` holds each series' validation points preceded by up to context_length points
         of history, as `forecaster.data.time_split` produces. Every series with at least
         prediction_length + 1 points gives training windows; shorter ones are skipped.
+        With `TrainConfig.replay_lr_factors` (a refit), every window of `df` trains and
+        `val_df` is not used.
         """
         mc = self.model_config
         train = validate_long_frame(df, covariates=mc.covariates, allow_missing=True)
@@ -133,7 +135,9 @@ class Forecaster:
             )
         panel = SeriesPanel.from_frame(train.frame, mc)
         h = mc.prediction_length
-        if val_df is not None:
+        if self.train_config.replay_lr_factors:
+            train_set, val = WindowSet(panel, panel.window_origins(h)), None
+        elif val_df is not None:
             val_frame = validate_long_frame(
                 val_df, covariates=mc.covariates, freq=self.freq, allow_missing=True
             ).frame

@@ -81,6 +81,9 @@ class TrainResult:
     initial_val_loss: float | None = None
     # Ridge strength of the linear start, chosen by cross-validation; None without one.
     linear_start_ridge: float | None = None
+    # Learning-rate factor of each epoch on the path to the kept weights (restored-away epochs
+    # left out): TrainConfig(replay_lr_factors=...) retrains along the same path.
+    kept_lr_factors: tuple[float, ...] = ()
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -342,10 +345,18 @@ def train_model(
     best_loss, best_epoch, best_state = (initial if has_val else math.inf), 0, _snapshot(model)
     optimizer = torch.optim.AdamW(groups, lr=config.learning_rate)
     lr_factor, decays, stale, step = 1.0, 0, 0, 0
+    replay = config.replay_lr_factors
+    path: list[float] = []  # lr factor of each epoch the current weights went through
+    best_path = 0  # len(path) when the best weights were taken
     started = time.perf_counter()
     stopped_early = False
-    for epoch in range(1, config.max_epochs + 1):
+    for epoch in range(1, (len(replay) if replay else config.max_epochs) + 1):
         epoch_started = time.perf_counter()
+        if replay:
+            if epoch > 1 and replay[epoch - 1] != lr_factor:  # as after a restore
+                optimizer = torch.optim.AdamW(groups, lr=config.learning_rate)
+            lr_factor = replay[epoch - 1]
+        path.append(lr_factor)
         model.train()
         order = rng.permutation(train.origins)[
             : steps_per_epoch * config.batch_size * world.world_size
@@ -388,10 +399,11 @@ def train_model(
         train_loss = _mean_across_ranks(running / max(seen, 1), world, device)
         val_loss = evaluate() if has_val else None
         monitored = val_loss if val_loss is not None else train_loss
-        is_best = monitored < best_loss
+        is_best = monitored < best_loss or bool(replay)  # a replay keeps every epoch
         if is_best:
-            best_loss, best_epoch, stale = monitored, epoch, 0
-            best_state = _snapshot(model)
+            best_loss, best_epoch, stale, best_path = monitored, epoch, 0, len(path)
+            if not replay:  # the replay's last weights are its result: no copies needed
+                best_state = _snapshot(model)
         else:
             stale += 1
         history.append(
@@ -415,7 +427,7 @@ def train_model(
             )
             for callback in callbacks:
                 callback(history[-1])
-        if stale >= config.patience:
+        if stale >= config.patience and not replay:
             if decays >= config.max_lr_decays:
                 stopped_early = True
                 break
@@ -423,9 +435,11 @@ def train_model(
             decays, stale = decays + 1, 0
             lr_factor *= config.lr_decay
             model.load_state_dict(best_state)
+            del path[best_path:]
             optimizer = torch.optim.AdamW(groups, lr=config.learning_rate * lr_factor)
 
-    model.load_state_dict(best_state)
+    if not (replay and best_epoch):
+        model.load_state_dict(best_state)
     model.eval()
     return TrainResult(
         epochs=history,
@@ -439,6 +453,7 @@ def train_model(
         n_val_windows=len(val_origins),
         initial_val_loss=initial,
         linear_start_ridge=ridge,
+        kept_lr_factors=tuple(path[:best_path]),
     )
 
 

@@ -260,7 +260,12 @@ def _print_retrain(settings, result) -> None:
     _print_table(result.evaluation)
     verdict = "promoted" if result.decision.promoted else "not promoted"
     print(f"decision  {verdict}: {result.decision.reason}")
-    print(f"champion  {result.version.name} v{result.decision.champion_version}")
+    if result.refit_version is not None:
+        print(
+            f"refit     {result.version.name} v{result.refit_version.version}: "
+            f"v{result.version.version}'s configuration trained on all the data"
+        )
+    print(f"champion  {result.version.name} v{result.champion_version}")
 
 
 @command

@@ -87,7 +87,12 @@ def _pip_requirements() -> list[str]:
 
 
 def log_model(
-    forecaster: Forecaster, example: pd.DataFrame, *, run_id: str, tracking_uri: str
+    forecaster: Forecaster,
+    example: pd.DataFrame,
+    *,
+    run_id: str,
+    tracking_uri: str,
+    name: str = "model",
 ) -> mlflow.models.model.ModelInfo:
     """Log ``forecaster`` as a pyfunc model of run ``run_id``."""
     output = forecaster.predict(example)
@@ -117,7 +122,7 @@ def log_model(
         )
         with run:
             return mlflow.pyfunc.log_model(
-                name="model",
+                name=name,
                 python_model=str(PYFUNC_CODE),
                 artifacts={ARTIFACT_NAME: str(saved)},
                 code_paths=[str(Path(forecaster_package.__file__).parent)],
@@ -135,10 +140,13 @@ def register(
     run_id: str,
     model_name: str,
     tags: Mapping[str, str],
+    artifact_name: str = "model",
 ) -> ModelRef:
     """Log the model, register a new version of ``model_name`` with ``tags``, alias it
     ``challenger``, and return it."""
-    info = log_model(forecaster, example, run_id=run_id, tracking_uri=client.tracking_uri)
+    info = log_model(
+        forecaster, example, run_id=run_id, tracking_uri=client.tracking_uri, name=artifact_name
+    )
     try:
         client.create_registered_model(model_name, description="Transformer time-series forecaster")
     except MlflowException as exc:

@@ -26,6 +26,7 @@ from pipelines.evaluate import Evaluation, evaluate
 from pipelines.ingest import IngestResult, ingest
 from pipelines.lock import pipeline_lock
 from pipelines.promote import PromotionDecision, promote
+from pipelines.refit import refit
 from pipelines.register import code_version, input_example, register
 from pipelines.registry import ModelRef
 from pipelines.settings import PipelineSettings
@@ -60,6 +61,15 @@ class RetrainResult:
     evaluation: Evaluation
     decision: PromotionDecision
     fingerprint: str
+    # The version trained on all the data after a promotion (now champion); None without one.
+    refit_version: ModelRef | None = None
+
+    @property
+    def champion_version(self) -> str | None:
+        """The version `champion` points at after the run."""
+        if self.refit_version is not None:
+            return self.refit_version.version
+        return self.decision.champion_version
 
 
 def _plan(settings: PipelineSettings) -> SplitPlan:
@@ -275,6 +285,16 @@ def retrain(
             run.run_id, "promotion.decision", "promoted" if decision.promoted else "rejected"
         )
         run.client.set_tag(run.run_id, "promotion.reason", decision.reason[:5000])
+        refit_version = None
+        if settings.refit and decision.promoted:
+            refit_version = refit(
+                summary.training,
+                summary.version,
+                ingested,
+                client=run.client,
+                run_id=run.run_id,
+                model_name=settings.model_name,
+            )
         return RetrainResult(
             run_id=run.run_id,
             experiment_id=run.experiment_id,
@@ -282,4 +302,5 @@ def retrain(
             evaluation=summary.evaluation,
             decision=decision,
             fingerprint=ingested.fingerprint,
+            refit_version=refit_version,
         )

@@ -86,8 +86,12 @@ class PipelineSettings(BaseSettings):
     promotion_test: Literal["wilcoxon", "sign"] = "wilcoxon"
     # The test's p-value must be below this; 1.0 switches the test off.
     promotion_alpha: float = Field(default=0.05, gt=0.0, le=1.0)
-    # The challenger must also beat seasonal naive on the holdout window to be promoted.
+    # The challenger must also beat seasonal naive on the backtest windows to be promoted.
     require_beats_baseline: bool = True
+    # After a promotion, `retrain` refits the promoted configuration on every point (the
+    # validation and backtest windows included) along the evaluated run's epochs and learning
+    # rates, registers it as a new version linked to the evaluated one, and makes it champion.
+    refit: bool = True
 
     # -- schedule -------------------------------------------------------------------------
     schedule: str = "0 3 * * *"

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -107,3 +108,28 @@ def test_two_process_gloo_training_keeps_weights_synchronised(tmp_path):
     )
     for name, tensor in rank0.items():
         assert torch.equal(tensor, rank1[name]), f"{name} differs between ranks"
+
+
+def test_a_replay_retrains_along_the_kept_path(series):
+    """kept_lr_factors replays the evaluated run: same windows and seed give the same weights."""
+    model_config = ModelConfig(**TINY_MODEL)
+    evaluated = Forecaster(model_config, TrainConfig(**{**TINY_TRAIN, "max_epochs": 4})).fit(
+        series, val_df=series
+    )
+    result = evaluated.train_result
+    # patience 1: every epoch that did not improve was restored away at once
+    base = TrainConfig().learning_rate
+    assert result.kept_lr_factors == tuple(
+        e.learning_rate / base for e in result.epochs if e.is_best
+    )
+    factors = result.kept_lr_factors or (1.0,)
+    refit = Forecaster(
+        model_config, TrainConfig(**{**TINY_TRAIN, "replay_lr_factors": factors})
+    ).fit(series)
+    assert len(refit.train_result.epochs) == len(factors)
+    assert [e.learning_rate for e in refit.train_result.epochs] == [
+        TrainConfig().learning_rate * f for f in factors
+    ]
+    assert refit.train_result.kept_lr_factors == factors
+    assert all(e.val_loss is None for e in refit.train_result.epochs)
+    assert np.isfinite(refit.predict(series)["mean"]).all()

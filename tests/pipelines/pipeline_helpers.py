@@ -48,6 +48,8 @@ def store_kwargs(root: Path) -> dict:
         "tracking_uri": f"sqlite:///{root / 'mlflow.db'}",
         "artifact_location": str(root / "mlartifacts"),
         "lock_file": str(root / "pipeline.lock"),
+        # Versions stay one per run here; the refit has its own tests (test_pipeline_refit).
+        "refit": False,
     }
 
 

@@ -122,6 +122,8 @@ def test_retrain_twice_over_http_then_pyfunc_and_mlflow_serve(tmp_path):
         )
         assert first.returncode == 0, first.stderr
         assert "decision  promoted" in first.stdout
+        # the promoted configuration is refit on all the data: version 2, champion
+        assert "champion  forecaster v2" in first.stdout
         second = run_cli(
             "retrain", "--config", "settings.yaml", "--data", "noisy.parquet", cwd=work, env=cli_env
         )
@@ -133,12 +135,15 @@ def test_retrain_twice_over_http_then_pyfunc_and_mlflow_serve(tmp_path):
         client = tracking.client(uri)
         model = client.get_registered_model("forecaster")
         assert {k: str(v) for k, v in model.aliases.items()} == {
-            "champion": "1",
-            "challenger": "2",
+            "champion": "2",
+            "challenger": "3",
         }
-        tags = client.get_model_version("forecaster", "2").tags
+        refit_tags = client.get_model_version("forecaster", "2").tags
+        assert refit_tags["refit.of_version"] == "1"
+        assert refit_tags["train.window_end"] == pd.Timestamp(clean["ds"].max()).isoformat()
+        tags = client.get_model_version("forecaster", "3").tags
         assert tags["promotion.decision"] == "rejected"
-        assert "not better than champion" in tags["promotion.reason"]
+        assert tags["promotion.compared_with"] == "2"
         assert float(tags["promotion.challenger_score"]) > float(tags["promotion.champion_score"])
 
         # The champion through MLflow's own loader, beside the Forecaster it wraps.
@@ -150,7 +155,7 @@ def test_retrain_twice_over_http_then_pyfunc_and_mlflow_serve(tmp_path):
         finally:
             mlflow.set_tracking_uri(None)
         direct = load_forecaster("models:/forecaster@champion", tracking_uri=uri, device="cpu")
-        assert direct.ref.version == "1"
+        assert direct.ref.version == "2"
         expected = direct.forecaster.predict(history, horizon=6, quantiles=[0.1, 0.9])
         assert list(forecast.columns) == ["unique_id", "ds", "mean", "q0.1", "q0.9"]
         np.testing.assert_allclose(forecast["mean"], expected["mean"], rtol=1e-6)
@@ -291,6 +296,7 @@ def test_tracking_server_lost_mid_training(tmp_path):
         _wait_http(f"{uri}/health", server, tmp_path / "server2.log")
         client = tracking.client(uri)
         versions = client.search_model_versions("name='forecaster'")
-        assert [str(v.version) for v in versions] == ["1"]
+        # the first run's evaluated version and its refit; nothing from the interrupted run
+        assert sorted(str(v.version) for v in versions) == ["1", "2"]
         aliases = client.get_registered_model("forecaster").aliases
-        assert {k: str(v) for k, v in aliases.items()} == {"champion": "1", "challenger": "1"}
+        assert {k: str(v) for k, v in aliases.items()} == {"champion": "2", "challenger": "2"}

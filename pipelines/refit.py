@@ -1,0 +1,92 @@
+"""Refit: after a promotion, train the promoted configuration on every point and serve that.
+
+The evaluated model was trained without its validation and backtest windows, the most recent
+data, so that it could be judged. Once it has been judged (and promoted), its configuration is
+trained again on all the data along the same path: one epoch per epoch the evaluated run kept,
+at the same learning rates (`TrainResult.kept_lr_factors`), or the linear start alone when the
+evaluated run kept epoch 0. The refit is registered as a new version linked both ways to the
+evaluated one (`refit.of_version` / `refit.version`), carries its scores and promotion tags,
+and takes the `champion` alias; ``rollback`` goes back past it as for any champion.
+
+Caveat for the next promotion: a refit champion has seen the data up to its own
+`train.window_end`; if fewer than `backtest_windows` horizons of new data have arrived since,
+it is scored on windows it has trained on, which favours keeping it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from forecaster import Forecaster
+from pipelines import tracking
+from pipelines.ingest import IngestResult
+from pipelines.promote import DECISION, PREVIOUS_CHAMPION
+from pipelines.register import code_version, input_example, register
+from pipelines.registry import CHAMPION, ModelRef
+from pipelines.train import TrainOutcome
+
+logger = logging.getLogger(__name__)
+
+# Version tags
+REFIT_OF, REFIT_VERSION = "refit.of_version", "refit.version"
+
+
+def refit(
+    evaluated: TrainOutcome,
+    evaluated_version: ModelRef,
+    data: IngestResult,
+    *,
+    client,
+    run_id: str,
+    model_name: str,
+) -> ModelRef:
+    """Train ``evaluated``'s configuration on all of ``data``, register it, make it champion."""
+    model = evaluated.forecaster
+    factors = model.train_result.kept_lr_factors if model.train_result else ()
+    # The evaluated run kept epoch 0 (the linear start) when no epoch was kept.
+    replay = dataclasses.replace(model.train_config, replay_lr_factors=factors, max_epochs=0)
+    refitted = Forecaster(model.model_config, replay).fit(data.frame)
+    logger.info(
+        "refit version %s's configuration on all %d series up to %s: %d epoch(s)",
+        evaluated_version.version,
+        data.frame["unique_id"].nunique(),
+        data.end.isoformat(),
+        len(factors),
+    )
+    with tracking.tracking_errors(client.tracking_uri):
+        evaluated_tags = client.get_model_version(model_name, evaluated_version.version).tags
+        carried = {
+            k: v
+            for k, v in evaluated_tags.items()
+            if k.startswith(("backtest.", "promotion.", "data."))
+        }
+        version = register(
+            refitted,
+            input_example(refitted, data.frame),
+            client=client,
+            run_id=run_id,
+            model_name=model_name,
+            artifact_name="model-refit",
+            tags={
+                **carried,
+                REFIT_OF: evaluated_version.version,
+                "train.data": "all",
+                "train.window_end": data.end.isoformat(),
+                "train.epochs": str(len(factors)),
+                "code_version": code_version(),
+            },
+        )
+        client.set_model_version_tag(
+            model_name, evaluated_version.version, REFIT_VERSION, version.version
+        )
+        if evaluated_tags.get(DECISION) == "promoted":
+            # The champion the evaluated version replaced is the one to roll back to.
+            previous = evaluated_tags.get(PREVIOUS_CHAMPION)
+            if previous is not None:
+                client.set_model_version_tag(
+                    model_name, version.version, PREVIOUS_CHAMPION, previous
+                )
+            client.set_registered_model_alias(model_name, CHAMPION, version.version)
+    client.set_tag(run_id, "refit_version", version.version)
+    return version

@@ -1,0 +1,53 @@
+"""Refit on all data: after a promotion the champion is trained on every point."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from pipelines.cli import main
+from pipelines.registry import load_version, resolve_model
+from pipelines.retrain import retrain
+from tests.pipelines.pipeline_helpers import client_for, config_file, make_settings, synthetic
+
+
+def test_the_promoted_configuration_is_refit_on_all_data_and_serves(tmp_path):
+    frame = synthetic()
+    settings = make_settings(tmp_path, refit=True)
+    result = retrain(settings, frame)
+    assert result.decision.promoted
+    evaluated, refitted = result.version.version, result.refit_version.version
+    assert (evaluated, refitted) == ("1", "2")
+    client = client_for(tmp_path)
+    tags = client.get_model_version("forecaster", refitted).tags
+    last = pd.Timestamp(frame["ds"].max()).isoformat()
+    assert tags["train.window_end"] == last  # it saw every point
+    assert client.get_model_version("forecaster", evaluated).tags["train.window_end"] < last
+    assert tags["refit.of_version"] == evaluated
+    assert client.get_model_version("forecaster", evaluated).tags["refit.version"] == refitted
+    assert tags["promotion.decision"] == "promoted"  # the evaluated twin's scores travel along
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    champion = resolve_model("models:/forecaster@champion", tracking_uri=uri)
+    assert champion.version == refitted
+    model = load_version(champion, tracking_uri=uri)
+    assert 0 <= int(tags["train.epochs"]) <= settings.train_config_obj().max_epochs
+    forecast = model.predict(frame)
+    assert forecast["ds"].min() > frame["ds"].max()
+
+
+def test_refit_off_keeps_the_evaluated_version_as_champion(tmp_path, data_csv, capsys):
+    cfg = config_file(tmp_path)
+    assert main(["retrain", "--config", str(cfg), "--data", str(data_csv)]) == 0
+    out = capsys.readouterr().out
+    assert "refit     " not in out and "champion  forecaster v1" in out
+
+
+def test_retrain_prints_the_refit(tmp_path, data_csv, capsys):
+    cfg = config_file(tmp_path)
+    assert (
+        main(["retrain", "--config", str(cfg), "--data", str(data_csv), "--set", "refit=true"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "refit     forecaster v2: v1's configuration trained on all the data" in out
+    assert "champion  forecaster v2" in out
+    # rollback from a refit champion goes back past it, to nothing before the first champion
+    assert main(["rollback", "--config", str(cfg)]) == 3

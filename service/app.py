@@ -19,7 +19,7 @@ from service.errors import install_error_handlers
 from service.inference import predict_items
 from service.job_runner import JobRunner
 from service.jobs import JobStore
-from service.metrics import MetricsMiddleware, ServiceMetrics
+from service.metrics import MetricsMiddleware, ServiceMetrics, mark_worker_dead
 from service.middleware import ArrivalMiddleware, BodyLimitMiddleware
 from service.model_manager import ModelManager, ModelSource, RegistrySource
 from service.routers import batch_jobs, forecast, health, models, scoring
@@ -85,6 +85,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         with contextlib.suppress(BaseException):
             await poller
         await batcher.stop()
+        mark_worker_dead()
 
 
 def _configure_logging(settings: ServiceSettings) -> None:

@@ -6,10 +6,12 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from pydantic import ValidationError
 
 from pipelines.cli import register_commands
+from service.metrics import MULTIPROC_ENV
 from service.settings import DEFAULT_MODEL_URI, ServiceSettings, settings_env
 
 
@@ -35,6 +37,8 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     # Worker processes rebuild the settings from the environment, so the overrides travel there.
     os.environ.update(settings_env(overrides))
+    if settings.workers > 1:
+        _prepare_multiprocess_metrics(settings.data_dir / "prometheus")
     uvicorn.run(
         "service.app:create_app",
         factory=True,
@@ -45,6 +49,16 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=int(settings.request_timeout_s) + 1,
     )
     return 0
+
+
+def _prepare_multiprocess_metrics(default_dir: Path) -> None:
+    """Point prometheus-client's multiprocess mode at an empty directory before the workers
+    start (they inherit the variable), so /metrics sums every worker's counters."""
+    directory = Path(os.environ.get(MULTIPROC_ENV) or default_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob("*.db"):  # values of a previous server are not ours
+        stale.unlink()
+    os.environ[MULTIPROC_ENV] = str(directory)
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:

@@ -1,11 +1,15 @@
 """Prometheus metrics: one registry per app, so several apps (tests) never share counters.
 
-With `--workers N` each worker process keeps its own counters; scrape each, or run one worker
-per container as the compose file does.
+With `forecaster serve --workers N` (N > 1) the metrics run in prometheus-client's
+multiprocess mode: every worker writes its values to files in PROMETHEUS_MULTIPROC_DIR (set by
+the CLI before the workers start) and a scrape of any worker reads all of them, so counters
+and histograms are summed across workers, queue depths summed over live workers and the model
+gauges show the highest value any live worker reports.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -16,8 +20,23 @@ from prometheus_client import (
     Gauge,
     Histogram,
     generate_latest,
+    multiprocess,
 )
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def multiprocess_mode() -> bool:
+    """True in worker processes of a multi-worker server (prometheus-client reads the same)."""
+    return bool(os.environ.get(MULTIPROC_ENV))
+
+
+def mark_worker_dead() -> None:
+    """Drop this worker's live gauges from the shared files (at shutdown)."""
+    if multiprocess_mode():
+        multiprocess.mark_process_dead(os.getpid())
+
 
 LATENCY_BUCKETS = (
     0.001,
@@ -79,18 +98,22 @@ class ServiceMetrics:
             "forecaster_queue_depth",
             "Online requests waiting for the inference thread.",
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.model_version = Gauge(
             "forecaster_model_version",
             "Registry version of the loaded model (0 when none is loaded).",
             registry=r,
+            multiprocess_mode="livemax",
         )
         self.model_info = Gauge(
             "forecaster_model_info",
             "1 for the loaded model, labelled with its name, version, alias and run id.",
             ["name", "version", "alias", "run_id"],
             registry=r,
+            multiprocess_mode="livemax",
         )
+        self._model_labels: tuple[str, str, str, str] | None = None
         self.model_loads = Counter(
             "forecaster_model_loads_total",
             "Model versions the service tried to load, by outcome (loaded or refused).",
@@ -117,17 +140,27 @@ class ServiceMetrics:
             "forecaster_batch_jobs_pending",
             "Batch jobs queued or running.",
             registry=r,
+            multiprocess_mode="livemax",  # every worker sees the one job store
         )
 
     def set_model(self, name: str, version: str, alias: str | None, run_id: str | None) -> None:
-        self.model_info.clear()
-        self.model_info.labels(name, str(version), alias or "", run_id or "").set(1)
+        if self._model_labels is not None:
+            # 0 rather than removed: in multiprocess mode a removed label keeps its last value
+            self.model_info.labels(*self._model_labels).set(0)
+            if not multiprocess_mode():
+                self.model_info.remove(*self._model_labels)
+        self._model_labels = (name, str(version), alias or "", run_id or "")
+        self.model_info.labels(*self._model_labels).set(1)
         try:
             self.model_version.set(float(version))
         except ValueError:
             self.model_version.set(-1)
 
     def render(self) -> tuple[bytes, str]:
+        if multiprocess_mode():
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            return generate_latest(registry), CONTENT_TYPE_LATEST
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 

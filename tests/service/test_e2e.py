@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -257,3 +258,69 @@ def job_status_offline(tmp_path: Path, job_id: str) -> str:
     job = JobStore(tmp_path / "service-data" / "jobs.db").get(job_id)
     assert job is not None
     return job.status
+
+
+@pytest.mark.slow
+def test_metrics_are_summed_across_workers(tmp_path, registry, fitted, training_frame, payload):
+    """`forecaster serve --workers 2`: one scrape counts the requests every worker answered."""
+    registry.register(fitted, training_frame)
+    port = free_port()
+    env = {
+        **os.environ,
+        "FORECASTER_SERVICE_POLL_INTERVAL_S": "1",
+        "FORECASTER_SERVICE_LOG_LEVEL": "info",
+    }
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    service = Process(
+        [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+            "--tracking-uri",
+            registry.tracking_uri,
+            "--data-dir",
+            str(tmp_path / "service-data"),
+        ],
+        tmp_path / "service.log",
+        env=env,
+        cwd=ROOT,
+    )
+    files = tmp_path / "service-data" / "prometheus"
+
+    def workers_with(kind: str) -> int:
+        return len({f.stem.rsplit("_", 1)[-1] for f in files.glob(f"{kind}_*.db")})
+
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            wait_until(
+                lambda: http.get("/readyz").status_code == 200, 180, "the service", service.proc
+            )
+            # both workers have loaded the model (each sets its model gauge)
+            wait_until(lambda: workers_with("gauge_livemax") == 2, 180, "two workers", service.proc)
+            body = {"series": [payload("series_000")]}
+
+            def forecast(_) -> int:
+                with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as one:
+                    return one.post("/v1/forecast", json=body).status_code
+
+            sent = 0
+            with ThreadPoolExecutor(8) as pool:
+                # concurrent fresh connections until both workers have answered some
+                while sent < 800 and (sent == 0 or workers_with("counter") < 2):
+                    assert set(pool.map(forecast, range(40))) == {200}
+                    sent += 40
+            assert workers_with("counter") == 2, "both workers answered requests"
+            line = 'forecaster_http_requests_total{method="POST",route="/v1/forecast",status="200"}'
+            for _ in range(4):  # whichever worker answers the scrape reports the same sum
+                text = http.get("/metrics").text
+                counted = [x for x in text.splitlines() if x.startswith(line)]
+                assert counted and float(counted[0].split()[-1]) == sent, counted
+    finally:
+        service.stop()

@@ -187,8 +187,8 @@ def print_table(results: list[dict[str, object]]) -> None:
         print("Test MSE, every window (defaults chosen on validation only):")
         print(header)
         print(rule)
-        print(row(f"ours (L={lookback}), MSE", full, "mse"))
-        print(row("ours, MAE", full, "mae"))
+        print(row(f"ours (L={lookback})", full, "mse"))
+        print(row("ours, test MAE (not MSE)", full, "mae"))
         for name, anchor in ANCHORS.items():
             print(
                 f"| {name} | "
@@ -198,12 +198,13 @@ def print_table(results: list[dict[str, object]]) -> None:
         print()
     variants = [v for v in VARIANTS if any(r["variant"] == v for r in results)]
     if len(variants) > 1:
-        print("Ablation, validation MSE (every validation window):")
-        print(header)
-        print(rule)
-        for variant in variants:
-            print(row(variant, [r for r in results if r["variant"] == variant], "val_mse"))
-        print()
+        for key, metric in (("val_mse", "MSE"), ("val_mae", "MAE")):
+            print(f"Ablation, validation {metric} (every validation window):")
+            print(header)
+            print(rule)
+            for variant in variants:
+                print(row(variant, [r for r in results if r["variant"] == variant], key))
+            print()
     print(
         "| variant | horizon | seed | test MSE | test MAE | val MSE | val loss: start -> best "
         "| epochs (best) | train s | parameters | device |"

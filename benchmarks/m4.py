@@ -35,6 +35,7 @@ import logging
 import platform
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -224,9 +225,9 @@ def run_ours(split: Split, seed: int, overrides: dict) -> tuple[np.ndarray, dict
     }
 
 
-def run_peers(split: Split, seed: int) -> dict[str, tuple[np.ndarray, float]]:
-    """NeuralForecast's NHITS and PatchTST, statsforecast's MSTL; {} when not installed."""
-    out: dict[str, tuple[np.ndarray, float]] = {}
+def run_peers(split: Split, seed: int) -> Iterator[tuple[str, np.ndarray, float]]:
+    """NeuralForecast's NHITS and PatchTST, statsforecast's MSTL, each as it finishes: (name,
+    forecast, seconds); nothing when not installed."""
     frame = long_frame(split)
     try:
         from neuralforecast import NeuralForecast
@@ -252,7 +253,8 @@ def run_peers(split: Split, seed: int) -> dict[str, tuple[np.ndarray, float]]:
             forecaster.fit(frame)
             predicted = forecaster.predict().reset_index()
             seconds = time.perf_counter() - started
-            out[f"NeuralForecast {name} (defaults)"] = (
+            yield (
+                f"NeuralForecast {name} (defaults)",
                 forecasts_from_frame(split, predicted, name),
                 seconds,
             )
@@ -265,11 +267,12 @@ def run_peers(split: Split, seed: int) -> dict[str, tuple[np.ndarray, float]]:
         started = time.perf_counter()
         sf = StatsForecast(models=[MSTL(season_length=[24, 168])], freq="h", n_jobs=-1)
         predicted = sf.forecast(df=frame, h=HORIZON).reset_index()
-        out["statsforecast MSTL (24, 168)"] = (
+        seconds = time.perf_counter() - started
+        yield (
+            "statsforecast MSTL (24, 168)",
             forecasts_from_frame(split, predicted, "MSTL"),
-            time.perf_counter() - started,
+            seconds,
         )
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -335,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         forecast, info = run_ours(split, seed, overrides)
         add(f"ours (seed {seed})", forecast, info["train_seconds"], seed=seed, **info)
     if not (args.no_peers or args.short_and_gappy):
-        for name, (forecast, seconds) in run_peers(split, args.seeds[0]).items():
+        for name, forecast, seconds in run_peers(split, args.seeds[0]):
             add(name, forecast, round(seconds, 1))
 
     print(f"M4 Hourly, {len(split.ids)} series, horizon {HORIZON}, scored on the {mode}")

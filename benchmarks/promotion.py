@@ -8,8 +8,9 @@ on the same backtest windows:
 
 - null trials: the same configuration, another seed. Equally good models; every promotion is
   a false one. The defaults aim at no more than 1 in 10.
-- power trials: the champion is the linear start alone (`max_epochs=0`), the challenger the
-  full model trained as usual; one clear improvement, which promotion should take.
+- power trials: a deliberately weakened champion, the same model with a context of one
+  horizon (it cannot see the weekly season), against the challenger as usual; one clear
+  improvement, which promotion should take.
 
 Data: synthetic hourly series (`forecaster.synthetic`) unless `--data` names a long CSV.
 """
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--horizon", type=int, default=24)
     parser.add_argument("--context", type=int, default=168)
     parser.add_argument("--max-epochs", type=int, default=10)
+    parser.add_argument("--windows-per-epoch", type=int, default=8192)
+    parser.add_argument("--kinds", nargs="+", choices=["null", "power"], default=["null", "power"])
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     defaults = PipelineSettings.model_fields
@@ -65,22 +68,26 @@ def main(argv: list[str] | None = None) -> int:
         lambda ds: ds.iloc[-windows * args.horizon - 1]
     )
     train = frame[frame["ds"] <= cut]
-    model_config = ModelConfig(context_length=args.context, prediction_length=args.horizon)
 
-    def fit(seed: int, max_epochs: int) -> Forecaster:
-        train_config = TrainConfig(max_epochs=max_epochs, seed=seed, progress=False)
+    def fit(seed: int, context: int) -> Forecaster:
+        model_config = ModelConfig(context_length=context, prediction_length=args.horizon)
+        train_config = TrainConfig(
+            max_epochs=args.max_epochs,
+            seed=seed,
+            progress=False,
+            max_windows_per_epoch=args.windows_per_epoch,
+        )
         return Forecaster(model_config, train_config).fit(train)
 
     naive = _scores(
         SeasonalNaive(horizon=args.horizon).fit(frame), frame, args.horizon, windows, metric
     )
     rows = []
-    for kind in ("null", "power"):
+    for kind in args.kinds:
         for trial in range(args.trials):
             started = time.perf_counter()
-            champion_epochs = args.max_epochs if kind == "null" else 0
-            champion = fit(2 * trial, champion_epochs)
-            challenger = fit(2 * trial + 1, args.max_epochs)
+            champion = fit(2 * trial, args.context if kind == "null" else args.horizon)
+            challenger = fit(2 * trial + 1, args.context)
             verdict = decide(
                 _scores(challenger, frame, args.horizon, windows, metric),
                 _scores(champion, frame, args.horizon, windows, metric),
@@ -108,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"promotion rule: {rule}; {frame['unique_id'].nunique()} series")
     print(f"false promotions (same config, other seed): {sum(null)} of {len(null)}")
     print(
-        f"promotions of a clear improvement (linear start -> trained): {sum(power)} of {len(power)}"
+        f"promotions of a clear improvement (context of one horizon -> full context): {sum(power)} of {len(power)}"
     )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -225,7 +225,12 @@ def run_ours(split: Split, seed: int, overrides: dict) -> tuple[np.ndarray, dict
     }
 
 
-def run_peers(split: Split, seed: int) -> Iterator[tuple[str, np.ndarray, float]]:
+PEERS = ("NHITS", "PatchTST", "MSTL")
+
+
+def run_peers(
+    split: Split, seed: int, names: tuple[str, ...] = PEERS
+) -> Iterator[tuple[str, np.ndarray, float]]:
     """NeuralForecast's NHITS and PatchTST, statsforecast's MSTL, each as it finishes: (name,
     forecast, seconds); nothing when not installed."""
     frame = long_frame(split)
@@ -235,10 +240,9 @@ def run_peers(split: Split, seed: int) -> Iterator[tuple[str, np.ndarray, float]
     except ImportError:
         print("peers: neuralforecast not installed (pip install -e '.[peers]')", file=sys.stderr)
     else:
-        for name, model in (
-            ("NHITS", NHITS),
-            ("PatchTST", PatchTST),
-        ):
+        for name, model in (("NHITS", NHITS), ("PatchTST", PatchTST)):
+            if name not in names:
+                continue
             peer = model(
                 h=HORIZON,
                 input_size=7 * HORIZON,
@@ -258,6 +262,8 @@ def run_peers(split: Split, seed: int) -> Iterator[tuple[str, np.ndarray, float]
                 forecasts_from_frame(split, predicted, name),
                 seconds,
             )
+    if "MSTL" not in names:
+        return
     try:
         from statsforecast import StatsForecast
         from statsforecast.models import MSTL
@@ -283,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test", type=Path, help="score on this file instead of a holdout")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one run per seed")
     parser.add_argument("--no-peers", action="store_true", help="skip NeuralForecast/MSTL")
+    parser.add_argument(
+        "--peers", nargs="+", choices=PEERS, default=list(PEERS), help="which peers to run"
+    )
+    parser.add_argument("--no-ours", action="store_true", help="run the baselines and peers only")
     parser.add_argument(
         "--short-and-gappy",
         action="store_true",
@@ -334,11 +344,11 @@ def main(argv: list[str] | None = None) -> int:
     else:  # Naive2's decomposition needs complete histories of two seasons or more
         add("Naive2 (same split)", naive2(split), None)
     add("seasonal naive (same split)", seasonal_naive(split), None)
-    for seed in args.seeds:
+    for seed in [] if args.no_ours else args.seeds:
         forecast, info = run_ours(split, seed, overrides)
         add(f"ours (seed {seed})", forecast, info["train_seconds"], seed=seed, **info)
     if not (args.no_peers or args.short_and_gappy):
-        for name, forecast, seconds in run_peers(split, args.seeds[0]):
+        for name, forecast, seconds in run_peers(split, args.seeds[0], tuple(args.peers)):
             add(name, forecast, round(seconds, 1))
 
     print(f"M4 Hourly, {len(split.ids)} series, horizon {HORIZON}, scored on the {mode}")

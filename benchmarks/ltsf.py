@@ -29,6 +29,7 @@ import pandas as pd
 import torch
 from sklearn.preprocessing import StandardScaler
 
+from benchmarks.overrides import parse_overrides
 from forecaster import Forecaster, ModelConfig, TrainConfig
 from forecaster.data import wide_to_long
 
@@ -255,20 +256,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.data.is_file():
         print(f"error: --data {args.data}: no such file", file=sys.stderr)
         return 2
-    overrides: dict[str, dict] = {"model": {}, "train": {}}
-    for item in args.set:
-        key, _, raw = item.partition("=")
-        section, _, name = key.partition(".")
-        if section not in overrides or not name:
-            print(
-                f"error: --set {item}: expected model.FIELD=VALUE or train.FIELD=VALUE",
-                file=sys.stderr,
-            )
-            return 2
-        try:
-            overrides[section][name] = json.loads(raw)
-        except json.JSONDecodeError:
-            overrides[section][name] = raw  # a bare string such as model.loss=mae
+    try:
+        overrides = parse_overrides(args.set)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
     variants = list(VARIANTS) if args.ablation else ["full"]
     results = []

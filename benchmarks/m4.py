@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from benchmarks.overrides import parse_overrides
 from forecaster import Forecaster, ModelConfig, TrainConfig
 from forecaster.baselines import SeasonalNaive
 from forecaster.metrics import mase_scale, smape
@@ -311,20 +312,11 @@ def main(argv: list[str] | None = None) -> int:
         if path is not None and not path.is_file():
             print(f"error: {name} {path}: no such file", file=sys.stderr)
             return 2
-    overrides: dict[str, dict] = {"model": {}, "train": {}}
-    for item in args.set:
-        key, _, raw = item.partition("=")
-        section, _, name = key.partition(".")
-        if section not in overrides or not name:
-            print(
-                f"error: --set {item}: expected model.FIELD=VALUE or train.FIELD=VALUE",
-                file=sys.stderr,
-            )
-            return 2
-        try:
-            overrides[section][name] = json.loads(raw)
-        except json.JSONDecodeError:
-            overrides[section][name] = raw
+    try:
+        overrides = parse_overrides(args.set)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     split = make_split(args.data, args.test)

@@ -83,3 +83,8 @@ def test_cli_scores_every_series_and_writes_json(wide_csv, tmp_path, capsys):
 def test_cli_refuses_a_missing_file(tmp_path, capsys):
     assert m4.main(["--data", str(tmp_path / "nope.csv")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_bad_set_option_is_refused_with_its_text(wide_csv, capsys):
+    assert m4.main(["--data", str(wide_csv), "--set", "d_model=8"]) == 2
+    assert "--set d_model=8: expected model.FIELD=VALUE" in capsys.readouterr().err

@@ -109,7 +109,9 @@ def tracking_server(tmp_path):
         server.stop()
 
 
-def start_service(tmp_path: Path, port: int, tracking_uri: str, run: int) -> Process:
+def start_service(
+    tmp_path: Path, port: int, tracking_uri: str, run: int, workers: int = 1
+) -> Process:
     env = {
         **os.environ,
         "FORECASTER_SERVICE_API_KEYS": API_KEY,
@@ -133,6 +135,8 @@ def start_service(tmp_path: Path, port: int, tracking_uri: str, run: int) -> Pro
             tracking_uri,
             "--data-dir",
             str(tmp_path / "service-data"),
+            "--workers",
+            str(workers),
         ],
         tmp_path / f"service-{run}.log",
         env=env,
@@ -265,40 +269,14 @@ def test_metrics_are_summed_across_workers(tmp_path, registry, fitted, training_
     """`forecaster serve --workers 2`: one scrape counts the requests every worker answered."""
     registry.register(fitted, training_frame)
     port = free_port()
-    env = {
-        **os.environ,
-        "FORECASTER_SERVICE_POLL_INTERVAL_S": "1",
-        "FORECASTER_SERVICE_LOG_LEVEL": "info",
-    }
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    service = Process(
-        [
-            sys.executable,
-            "-m",
-            "service.cli",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "2",
-            "--tracking-uri",
-            registry.tracking_uri,
-            "--data-dir",
-            str(tmp_path / "service-data"),
-        ],
-        tmp_path / "service.log",
-        env=env,
-        cwd=ROOT,
-    )
+    service = start_service(tmp_path, port, registry.tracking_uri, run=1, workers=2)
     files = tmp_path / "service-data" / "prometheus"
 
     def workers_with(kind: str) -> int:
         return len({f.stem.rsplit("_", 1)[-1] for f in files.glob(f"{kind}_*.db")})
 
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=HEADERS, timeout=30) as http:
             wait_until(
                 lambda: http.get("/readyz").status_code == 200, 180, "the service", service.proc
             )
@@ -307,7 +285,9 @@ def test_metrics_are_summed_across_workers(tmp_path, registry, fitted, training_
             body = {"series": [payload("series_000")]}
 
             def forecast(_) -> int:
-                with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as one:
+                with httpx.Client(
+                    base_url=f"http://127.0.0.1:{port}", headers=HEADERS, timeout=30
+                ) as one:
                     return one.post("/v1/forecast", json=body).status_code
 
             sent = 0

@@ -36,23 +36,10 @@ def _split(frame, series_id, context, horizon=HORIZON):
     return part.iloc[-(context + horizon) : -horizon], part.iloc[-horizon:]
 
 
-def test_online_forecast_with_future_covariates(promo_client, promo_model, promo_frame):
-    context = promo_model.context_length
-    past, future = _split(promo_frame, "series_001", context)
-    series = {
-        "id": "series_001",
-        "timestamps": [t.isoformat() for t in past["ds"]],
-        "values": past["y"].tolist(),
-        "covariates": {"promo": past["promo"].tolist() + future["promo"].tolist()},
-    }
-    response = promo_client.post("/v1/forecast", json={"series": [series]})
-    assert response.status_code == 200, response.text
-    want = promo_model.predict(past, future_df=future[["unique_id", "ds", "promo"]])
-    np.testing.assert_allclose(response.json()["forecasts"][0]["mean"], want["mean"], atol=1e-5)
-
-
-def test_a_two_point_history_with_covariates_is_forecast(promo_client, promo_model, promo_frame):
-    past, future = _split(promo_frame, "series_001", 2)
+@pytest.mark.parametrize("context", [None, 2], ids=["full_context", "two_points"])
+def test_online_forecast_with_future_covariates(promo_client, promo_model, promo_frame, context):
+    """A two-point history too: padded and masked, its future stamps from the model's freq."""
+    past, future = _split(promo_frame, "series_001", context or promo_model.context_length)
     series = {
         "id": "series_001",
         "timestamps": [t.isoformat() for t in past["ds"]],

@@ -79,3 +79,13 @@ def test_yaml_file_problems_are_named(tmp_path):
     bad.write_text("- a list\n")
     with pytest.raises(InvalidConfigError, match="mapping"):
         PipelineSettings.load(bad)
+
+
+def test_the_demo_configuration_builds_the_model_it_names():
+    """`make demo` reads pipelines/demo.yaml: every key must be one the model still has."""
+    from pathlib import Path
+
+    settings = PipelineSettings.load(Path(__file__).parents[2] / "pipelines" / "demo.yaml")
+    model_config = settings.model_config_obj()
+    assert (model_config.context_length, model_config.prediction_length) == (168, 24)
+    assert settings.train_config_obj().max_epochs >= 1

@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 from sklearn.preprocessing import StandardScaler
 
-from benchmarks.overrides import parse_overrides
+from benchmarks.overrides import add_set_option, parse_overrides
 from forecaster import Forecaster, ModelConfig, TrainConfig
 from forecaster.data import wide_to_long
 
@@ -245,13 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also train the linear start alone and the Transformer alone (validation table)",
     )
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="model.FIELD=VALUE",
-        help="override a ModelConfig/TrainConfig field, e.g. model.d_model=32 or train.max_epochs=5",
-    )
+    add_set_option(parser)
     args = parser.parse_args(argv)
     if not args.data.is_file():
         print(f"error: --data {args.data}: no such file", file=sys.stderr)

@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from benchmarks.overrides import parse_overrides
+from benchmarks.overrides import add_set_option, parse_overrides
 from forecaster import Forecaster, ModelConfig, TrainConfig
 from forecaster.baselines import SeasonalNaive
 from forecaster.metrics import mase_scale, smape
@@ -300,13 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         help="cut a third of the histories short and make 5%% of the points missing",
     )
     parser.add_argument("--json", type=Path, help="write the results here")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="model.FIELD=VALUE",
-        help="override a ModelConfig/TrainConfig field, e.g. model.d_model=32",
-    )
+    add_set_option(parser)
     args = parser.parse_args(argv)
     for name, path in (("--data", args.data), ("--test", args.test)):
         if path is not None and not path.is_file():

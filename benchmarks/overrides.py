@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
+
+
+def add_set_option(parser: argparse.ArgumentParser) -> None:
+    """The repeatable `--set model.FIELD=VALUE` option."""
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="model.FIELD=VALUE",
+        help="override a ModelConfig/TrainConfig field, e.g. model.d_model=32 or train.max_epochs=5",
+    )
 
 
 def parse_overrides(items: list[str]) -> dict[str, dict[str, Any]]:

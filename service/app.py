@@ -22,7 +22,7 @@ from service.jobs import JobStore
 from service.metrics import MetricsMiddleware, ServiceMetrics, mark_worker_dead
 from service.middleware import ArrivalMiddleware, BodyLimitMiddleware
 from service.model_manager import ModelManager, ModelSource, RegistrySource
-from service.routers import batch_jobs, forecast, health, models, scoring
+from service.routers import batch_jobs, docs, forecast, health, models, scoring
 from service.settings import ServiceSettings
 
 logger = logging.getLogger("service")
@@ -111,12 +111,16 @@ def create_app(
         summary="Online and batch time-series forecasts from the MLflow Model Registry.",
         lifespan=lifespan,
         dependencies=[Depends(check_api_key)],
+        # Served by the docs router instead, behind the API key (see service/routers/docs.py).
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = ServiceMetrics()
     app.state.model_source = model_source
     install_error_handlers(app)
-    for module in (forecast, batch_jobs, models, scoring, health):
+    for module in (forecast, batch_jobs, models, scoring, health, docs):
         app.include_router(module.router)
     # Outermost first: metrics see every response, the body limit runs before any parsing.
     app.add_middleware(_LazyArrival)

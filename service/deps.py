@@ -87,13 +87,22 @@ def _matches(presented: str, settings: ServiceSettings) -> bool:
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="forecaster", ApiKey header="X-API-Key"'}
 
 
+# Liveness and readiness probes (ours and MLflow's scoring protocol's): orchestrators and
+# load balancers call them without credentials, and they reveal nothing but up or down.
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/ping", "/health"})
+
+
 async def check_api_key(
+    request: Request,
     settings: SettingsDep,
     api_key: Annotated[str | None, Security(_api_key_header)] = None,
     bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)] = None,
 ) -> None:
-    """Every route: a valid key is required when keys are configured."""
+    """Every route but the probes: a valid key is required when keys are configured."""
     if not settings.api_keys:
+        return
+    route = request.scope.get("route")
+    if getattr(route, "path", None) in OPEN_PATHS:
         return
     presented = _presented_key(api_key, bearer)
     if presented is None:
@@ -107,6 +116,7 @@ async def check_api_key(
 
 
 async def require_api_key(
+    request: Request,
     settings: SettingsDep,
     api_key: Annotated[str | None, Security(_api_key_header)] = None,
     bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)] = None,
@@ -118,4 +128,4 @@ async def require_api_key(
             "FORECASTER_SERVICE_API_KEYS",
             status_code=403,
         )
-    await check_api_key(settings, api_key, bearer)
+    await check_api_key(request, settings, api_key, bearer)

@@ -18,17 +18,35 @@ def test_keys_required_on_every_route_when_configured(make_client, payload):
         ("get", "/v1/batch-jobs", {}),
         ("post", "/invocations", {"json": {"dataframe_records": []}}),
         ("get", "/metrics", {}),
-        ("get", "/readyz", {}),
+        ("get", "/version", {}),
+        ("get", "/openapi.json", {}),
+        ("get", "/docs", {}),
+        ("get", "/redoc", {}),
     ]:
         response = getattr(client, method)(path, **kwargs)
         assert response.status_code == 401, (path, response.text)
         assert "API key" in response.json().get("detail", response.text)
+    schema = client.get("/openapi.json", headers={"X-API-Key": API_KEY})
+    assert schema.status_code == 200 and "/v1/forecast" in schema.json()["paths"]
+    docs = client.get("/docs", headers={"X-API-Key": API_KEY})
+    assert docs.status_code == 200 and "/openapi.json" in docs.text
     wrong = client.post("/v1/forecast", json=body, headers={"X-API-Key": "x" * 24})
     assert wrong.status_code == 401 and "invalid" in wrong.json()["detail"]
     ok = client.post("/v1/forecast", json=body, headers={"X-API-Key": API_KEY})
     assert ok.status_code == 200
     bearer = client.post("/v1/forecast", json=body, headers={"Authorization": f"Bearer {API_KEY}"})
     assert bearer.status_code == 200
+
+
+def test_probes_are_open_when_keys_are_configured(make_client):
+    """Orchestrators probe without credentials: liveness and readiness answer anyway."""
+    client = make_client(api_keys=API_KEY)
+    alive = client.get("/healthz")
+    assert alive.status_code == 200 and alive.json()["status"] == "ok"
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["status"] == "ready"
+    assert client.get("/ping").status_code == 200
+    assert client.get("/health").status_code == 200
 
 
 def test_reload_always_needs_a_key(make_client):

@@ -15,9 +15,8 @@ from service.metrics import MULTIPROC_ENV
 from service.settings import DEFAULT_MODEL_URI, ServiceSettings, settings_env
 
 
-def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
+def serve_overrides(args: argparse.Namespace) -> dict[str, object]:
+    """The settings `forecaster serve`'s options set; the environment supplies the rest."""
     overrides = {
         "host": args.host,
         "port": args.port,
@@ -27,7 +26,13 @@ def _serve(args: argparse.Namespace) -> int:
         "tracking_uri": args.tracking_uri,
         "data_dir": args.data_dir,
     }
-    overrides = {k: v for k, v in overrides.items() if v is not None}
+    return {k: v for k, v in overrides.items() if v is not None}
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    overrides = serve_overrides(args)
     try:
         settings = ServiceSettings(**overrides)
     except ValidationError as exc:

@@ -163,7 +163,7 @@ def _mean_mase(forecasts: pd.DataFrame, history: pd.DataFrame, season_length: in
     return float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
 
 
-def _mase_scales(forecasts: pd.DataFrame, history: pd.DataFrame, season_length: int) -> np.ndarray:
+def mase_scales(forecasts: pd.DataFrame, history: pd.DataFrame, season_length: int) -> np.ndarray:
     """Per forecast row: the in-sample seasonal-naive MAE of its series (NaN: no scale).
 
     The in-sample part of a series is its `history` before its first forecast timestamp.
@@ -211,7 +211,7 @@ def metric_by_group(
     if metric in ("mae", "mase"):
         values = np.abs(error)
         if metric == "mase":
-            values = values / _mase_scales(forecasts, history, season_length)
+            values = values / mase_scales(forecasts, history, season_length)
     elif metric in ("mse", "rmse"):
         values = error**2
     elif metric == "smape":

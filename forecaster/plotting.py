@@ -1,4 +1,4 @@
-"""Forecast and attention plots written to PNG.
+"""Forecast, attention and metric-over-time plots written to PNG.
 
 Figures are built with matplotlib's object API (`Figure`, rendered by the Agg canvas), never
 pyplot: no display is needed and the caller's pyplot backend and state are left alone.
@@ -168,6 +168,29 @@ def plot_attention(
         f"series {sid}: attention, {layer_label}; context from {start}, "
         f"patch length {maps.patch_length}, stride {maps.patch_stride}"
     )
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_metric_over_time(
+    values: pd.DataFrame, path: str | Path, *, title: str, ylabel: str
+) -> Path:
+    """One line per group of a metric over time (`group`, `time`, `value` columns), e.g. the
+    realised accuracy of each deployed model version by forecast origin."""
+    _require(values, ["group", "time", "value"], "values")
+    if not len(values):
+        raise EmptyDataError("values: no rows to plot")
+    fig = Figure(figsize=(10, 4))
+    ax = fig.subplots()
+    for group, rows in values.groupby("group", sort=True):
+        rows = rows.sort_values("time")
+        ax.plot(rows["time"], rows["value"], marker="o", markersize=3, label=str(group))
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    ax.set_xlabel("time")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.autofmt_xdate()
     fig.tight_layout()
     return _save(fig, path)
 

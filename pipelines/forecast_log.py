@@ -1,0 +1,262 @@
+"""The forecast log: what each model version forecast, kept to be scored once actuals arrive.
+
+The service and ``forecaster predict`` append to it; ``pipelines.monitor`` reads it when the
+next retrain (or ``forecaster monitor``) sees the data that has been observed since. A log is
+a directory of Parquet files, one per flush, each written under a temporary name and renamed
+into place: readers never see half a file, and any number of writers (service worker
+processes, batch scoring runs, replicas on a shared volume) share one directory without a
+lock. Files older than the retention are deleted by the writers.
+
+One row per series and forecast step:
+
+- ``model_name``, ``model_version``: the registered version that forecast;
+- ``unique_id``, ``origin`` (the last timestamp of the history it was given), ``step`` (1..H),
+  ``ds`` (the forecast timestamp), ``mean``;
+- ``lower``, ``upper``: the outermost quantiles forecast and ``level`` their nominal coverage
+  (0.8 for q0.1 and q0.9); NaN when fewer than two quantiles were asked for;
+- ``logged_at``: when the row was written (UTC).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from forecaster.data import quantile_column
+from forecaster.metrics import quantiles_in
+from forecaster.validation import ID, TIME, parse_timestamps
+
+logger = logging.getLogger(__name__)
+
+SCHEMA = pa.schema(
+    [
+        ("model_name", pa.string()),
+        ("model_version", pa.string()),
+        ("unique_id", pa.string()),
+        ("origin", pa.timestamp("ns")),
+        ("step", pa.int32()),
+        ("ds", pa.timestamp("ns")),
+        ("mean", pa.float64()),
+        ("lower", pa.float64()),
+        ("upper", pa.float64()),
+        ("level", pa.float64()),
+        ("logged_at", pa.timestamp("ms", tz="UTC")),
+    ]
+)
+_PREFIX, _SUFFIX = "part-", ".parquet"
+# Writers prune expired files at most this often.
+PRUNE_EVERY_S = 3600.0
+
+
+def records(
+    *,
+    model_name: str,
+    model_version: str,
+    unique_id: np.ndarray,
+    ds: np.ndarray,
+    mean: np.ndarray,
+    quantiles: Mapping[float, np.ndarray],
+    history_ids: np.ndarray,
+    history_ds: np.ndarray,
+) -> pa.Table:
+    """Log rows of one forecast given as long columns (N rows, each series' rows contiguous
+    and in time order), with the history it was made from (for the origins; rows from the
+    first forecast timestamp on, future covariates, are ignored)."""
+    ids = np.asarray(unique_id).astype(str)
+    n = len(ids)
+    run_start = np.r_[True, ids[1:] != ids[:-1]] if n else np.zeros(0, dtype=bool)
+    first_row = np.maximum.accumulate(np.where(run_start, np.arange(n), 0))
+    step = np.arange(n) - first_row + 1
+    ds = np.asarray(ds, dtype="datetime64[ns]").reshape(n)
+    # The origin is the last history timestamp before the forecast: rows at or after it are
+    # future covariates given with the history.
+    h_ids = np.asarray(history_ids).astype(str)
+    h_ds = parse_timestamps(pd.Series(history_ds))  # frames sent as JSON may hold text
+    first = pd.Series(ds).groupby(ids).min()
+    before = h_ds < first.reindex(h_ids).to_numpy(dtype="datetime64[ns]")
+    last = pd.Series(h_ds[before]).groupby(h_ids[before]).max()
+    origin = last.reindex(ids).to_numpy(dtype="datetime64[ns]")
+    levels = sorted(quantiles)
+    if len(levels) >= 2:
+        lower = np.asarray(quantiles[levels[0]], dtype=np.float64).reshape(n)
+        upper = np.asarray(quantiles[levels[-1]], dtype=np.float64).reshape(n)
+        level = round(levels[-1] - levels[0], 6)
+    else:
+        lower = upper = np.full(n, np.nan)
+        level = np.nan
+    columns = {
+        "model_name": pa.array(np.full(n, model_name, dtype=object), pa.string()),
+        "model_version": pa.array(np.full(n, str(model_version), dtype=object), pa.string()),
+        "unique_id": pa.array(ids, pa.string()),
+        "origin": pa.array(origin, pa.timestamp("ns")),
+        "step": pa.array(step, pa.int32()),
+        "ds": pa.array(ds, pa.timestamp("ns")),
+        "mean": pa.array(np.asarray(mean, dtype=np.float64).reshape(n)),
+        "lower": pa.array(lower),
+        "upper": pa.array(upper),
+        "level": pa.array(np.full(n, level, dtype=np.float64)),
+        "logged_at": pa.array(
+            np.full(n, np.datetime64(datetime.now(UTC).replace(tzinfo=None), "ms")),
+            pa.timestamp("ms", tz="UTC"),
+        ),
+    }
+    return pa.table(columns, schema=SCHEMA)
+
+
+def records_from_frames(
+    forecast: pd.DataFrame, history: pd.DataFrame, *, model_name: str, model_version: str
+) -> pa.Table:
+    """Log rows of a ``Forecaster.predict`` frame and the history frame it was given."""
+    quantiles = {
+        q: forecast[quantile_column(q)].to_numpy(np.float64) for q in quantiles_in(forecast)
+    }
+    return records(
+        model_name=model_name,
+        model_version=model_version,
+        unique_id=forecast[ID].to_numpy(),
+        ds=forecast[TIME].to_numpy(dtype="datetime64[ns]"),
+        mean=forecast["mean"].to_numpy(np.float64),
+        quantiles=quantiles,
+        history_ids=history[ID].to_numpy(),
+        history_ds=history[TIME].to_numpy(),
+    )
+
+
+class ForecastLog:
+    """Buffers log rows and writes them as one Parquet file per flush; thread-safe.
+
+    ``append`` is cheap (the rows are kept in memory); a flush happens when the buffer holds
+    ``flush_rows`` rows (in the appending thread) and whenever the owner calls ``flush`` (the
+    service every few seconds and at shutdown, batch scoring at the end of a run). Past
+    ``max_buffer_rows`` (a disk that stays unwritable) new rows are dropped and counted.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        retention_days: float | None = 90.0,
+        flush_rows: int = 200_000,
+        max_buffer_rows: int = 2_000_000,
+    ):
+        self.directory = Path(directory)
+        self.retention_days = retention_days
+        self.flush_rows = flush_rows
+        self.max_buffer_rows = max_buffer_rows
+        self.dropped_rows = 0
+        self._buffer: list[pa.Table] = []
+        self._rows = 0
+        self._lock = threading.Lock()  # guards the buffer
+        self._write_lock = threading.Lock()  # one file written at a time
+        self._last_prune = 0.0
+
+    def append(self, table: pa.Table) -> None:
+        with self._lock:
+            if self._rows + table.num_rows > self.max_buffer_rows:
+                self.dropped_rows += table.num_rows
+                return
+            self._buffer.append(table)
+            self._rows += table.num_rows
+            full = self._rows >= self.flush_rows
+        if full:
+            self.flush()
+
+    def flush(self) -> Path | None:
+        """Write the buffered rows to a new file; returns it (None when nothing was buffered).
+
+        Raises OSError when the file cannot be written; the rows stay buffered for the next try.
+        """
+        with self._write_lock:
+            with self._lock:
+                tables, self._buffer, self._rows = self._buffer, [], 0
+            if not tables:
+                return None
+            try:
+                path = self._write(pa.concat_tables(tables))
+            except BaseException:
+                with self._lock:
+                    self._buffer[:0] = tables
+                    self._rows += sum(t.num_rows for t in tables)
+                raise
+            if self.retention_days is not None and time.monotonic() - self._last_prune > (
+                PRUNE_EVERY_S
+            ):
+                self._last_prune = time.monotonic()
+                prune(self.directory, self.retention_days)
+            return path
+
+    def _write(self, table: pa.Table) -> Path:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        name = f"{_PREFIX}{stamp}-{os.getpid()}-{uuid.uuid4().hex[:8]}{_SUFFIX}"
+        path = self.directory / name
+        tmp = self.directory / f".{name}.tmp"
+        try:
+            pq.write_table(table, tmp)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return path
+
+
+def prune(directory: str | Path, retention_days: float) -> int:
+    """Delete the log files written more than ``retention_days`` ago; returns how many."""
+    cutoff = time.time() - retention_days * 86400
+    removed = 0
+    for path in Path(directory).glob(f"{_PREFIX}*{_SUFFIX}"):
+        try:
+            if path.stat().st_mtime < cutoff:
+                path.unlink()
+                removed += 1
+        except FileNotFoundError:  # another writer pruned it first
+            continue
+    if removed:
+        logger.info(
+            "forecast log %s: deleted %d file(s) past %g days", directory, removed, retention_days
+        )
+    return removed
+
+
+def empty_log() -> pd.DataFrame:
+    """A log frame without rows (no log configured, or nothing logged yet)."""
+    return SCHEMA.empty_table().to_pandas()
+
+
+def read_log(directory: str | Path, *, model_name: str | None = None) -> pd.DataFrame:
+    """Every row of the log (of ``model_name`` when given); an empty frame when there is none.
+
+    The same forecast logged twice (a client asking again, a resumed batch job) counts once:
+    rows are unique per version, series, origin and step, the latest kept.
+    """
+    files = sorted(Path(directory).glob(f"{_PREFIX}*{_SUFFIX}"))
+    tables = []
+    for path in files:
+        try:
+            tables.append(pq.read_table(path, schema=SCHEMA))
+        except FileNotFoundError:  # pruned while we listed
+            continue
+        except (pa.ArrowException, OSError) as exc:
+            # Writers rename complete files into place, so this is a file put there by hand;
+            # one bad file must not stop every later retrain.
+            logger.warning("forecast log: skipped unreadable file %s: %s", path, exc)
+    if not tables:
+        return empty_log()
+    frame = pa.concat_tables(tables).to_pandas()
+    if model_name is not None:
+        frame = frame[frame["model_name"] == model_name]
+    key = ["model_name", "model_version", "unique_id", "origin", "step"]
+    frame = frame.sort_values("logged_at", kind="stable").drop_duplicates(key, keep="last")
+    return frame.sort_values(["model_version", "unique_id", "origin", "step"]).reset_index(
+        drop=True
+    )

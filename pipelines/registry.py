@@ -44,6 +44,7 @@ class ModelRef:
     run_id: str | None  # the run that trained it
     metrics: dict[str, float] = field(default_factory=dict)  # that run's final metrics
     source_uri: str = ""  # where the registry keeps the model's artifacts
+    tags: dict[str, str] = field(default_factory=dict)  # the version's tags
 
     @property
     def uri(self) -> str:
@@ -120,6 +121,7 @@ def resolve_model(model_uri: str, *, tracking_uri: str | None = None) -> ModelRe
         source_uri=mlflow_client.get_model_version_download_uri(name, str(model_version.version))
         if model_version.source
         else "",
+        tags=dict(model_version.tags or {}),
     )
 
 

@@ -1,4 +1,6 @@
-"""Retrain: ingest -> split -> train -> evaluate -> register -> promote, as one MLflow run.
+"""Retrain: ingest -> monitor -> split -> train -> evaluate -> register -> promote -> refit,
+as one MLflow run (monitor scores the forecasts logged since the last run, see
+``pipelines.monitor``; ``check_champion`` runs that step alone).
 
 The run ends FINISHED, FAILED (with the error as the ``error`` tag) or KILLED (interrupted).
 ``champion`` only moves in the very last step, so any failure before it leaves the champion
@@ -25,6 +27,7 @@ from pipelines import tracking
 from pipelines.evaluate import Evaluation, evaluate
 from pipelines.ingest import IngestResult, ingest
 from pipelines.lock import pipeline_lock
+from pipelines.monitor import MonitorResult, monitor
 from pipelines.promote import PromotionDecision, promote
 from pipelines.refit import refit
 from pipelines.register import code_version, input_example, register
@@ -63,6 +66,8 @@ class RetrainResult:
     fingerprint: str
     # The version trained on all the data after a promotion (now champion); None without one.
     refit_version: ModelRef | None = None
+    # How the champion in place before the run did on the data observed since it forecast.
+    monitoring: MonitorResult | None = None
 
     @property
     def champion_version(self) -> str | None:
@@ -247,7 +252,8 @@ def train_and_register(
             "train.window_end": parts.val_end.isoformat(),
             "train.train_end": parts.train_end.isoformat(),
             "code_version": code_version(),
-            f"backtest.{settings.promotion_metric}": f"{evaluation.model.get(settings.promotion_metric, float('nan')):.6g}",
+            # Every backtest score: monitoring compares the realised MASE with backtest.mase.
+            **{f"backtest.{name}": f"{value:.6g}" for name, value in evaluation.model.items()},
         },
     )
     return TrainResultSummary(run.run_id, data, parts, outcome, evaluation, version)
@@ -269,6 +275,7 @@ def retrain(
         PipelineRun(settings, "retrain") as run,
     ):
         ingested = load_data(settings, data)
+        monitoring = _monitor(settings, ingested, run)
         summary = train_and_register(settings, ingested, run)
         decision = promote(
             ingested.frame,
@@ -303,4 +310,35 @@ def retrain(
             decision=decision,
             fingerprint=ingested.fingerprint,
             refit_version=refit_version,
+            monitoring=monitoring,
         )
+
+
+def _monitor(settings: PipelineSettings, data: IngestResult, run: PipelineRun) -> MonitorResult:
+    return monitor(
+        data,
+        log_dir=settings.forecast_log,
+        model_name=settings.model_name,
+        tolerance=settings.degradation_tolerance,
+        min_points=settings.degradation_min_points,
+        client=run.client,
+        run_id=run.run_id,
+    )
+
+
+def check_champion(
+    settings: PipelineSettings, data: str | Path | pd.DataFrame | None = None
+) -> MonitorResult:
+    """Score the logged forecasts against ``data`` as an MLflow run of its own (no training).
+
+    Raises:
+        PipelineLockedError: a pipeline run holds the lock.
+        TrackingUnavailableError: the tracking server cannot be reached.
+        ForecasterInputError: the data is bad.
+    """
+    with (
+        pipeline_lock(settings.lock_file),
+        tracking.tracking_errors(settings.resolved_tracking_uri),
+        PipelineRun(settings, "monitor") as run,
+    ):
+        return _monitor(settings, load_data(settings, data), run)

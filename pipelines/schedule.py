@@ -7,6 +7,10 @@ after *now*, so ticks that fell while a run was still going are skipped with a l
 ticks missed while the machine slept coalesce into the one run on waking. A failed run is
 logged (its MLflow run is FAILED, or marked so by the next run if the tracking server was
 what failed), leaves ``champion`` where it was, and the scheduler carries on.
+
+With ``on_degradation`` a tick first scores the champion's logged forecasts (``check_champion``,
+an MLflow run of kind ``monitor``) and retrains only when the champion is degraded or there is
+none: retraining when it is needed rather than every night.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from croniter import croniter
 from forecaster.errors import ForecasterInputError, InvalidConfigError
 from pipelines.errors import ModelNotFoundError, PipelineLockedError, TrackingUnavailableError
 from pipelines.lock import pipeline_lock
-from pipelines.retrain import RetrainResult, retrain
+from pipelines.retrain import RetrainResult, check_champion, retrain
 from pipelines.settings import PipelineSettings
 
 logger = logging.getLogger(__name__)
@@ -38,6 +42,7 @@ class ScheduleReport:
     failed: int = 0
     skipped: int = 0  # ticks that found another pipeline run holding the lock
     overlapped_ticks: int = 0  # ticks that fell while a run of this scheduler was going
+    healthy: int = 0  # ticks (with on_degradation) that found the champion healthy
     last_result: RetrainResult | None = None
 
 
@@ -52,6 +57,7 @@ def run_schedule(
     data: str | Path | None = None,
     max_runs: int | None = None,
     run_now: bool = False,
+    on_degradation: bool = False,
     sleep: Callable[[float], None] = time.sleep,
     now: Callable[[], datetime] = lambda: datetime.now().astimezone(),
 ) -> ScheduleReport:
@@ -60,6 +66,7 @@ def run_schedule(
     Args:
         max_runs: stop after this many ticks (None: run until interrupted).
         run_now: run once at start, before waiting for the first tick.
+        on_degradation: retrain only at ticks where the champion is degraded (or absent).
         sleep, now: the time source (tests inject a fast clock).
 
     Raises:
@@ -83,6 +90,9 @@ def run_schedule(
             report.runs += 1
             started = now()
             try:
+                if on_degradation and not _needs_retrain(settings, data):
+                    report.healthy += 1
+                    continue
                 result = retrain(settings, data)
             except PipelineLockedError as exc:
                 report.skipped += 1
@@ -114,6 +124,15 @@ def run_schedule(
                     now().isoformat(timespec="seconds"),
                 )
     return report
+
+
+def _needs_retrain(settings: PipelineSettings, data: str | Path | None) -> bool:
+    check = check_champion(settings, data)
+    if check.champion_version is None or check.degraded:
+        logger.warning("retraining: %s", check.reason)
+        return True
+    logger.info("champion healthy, no retrain at this tick: %s", check.reason)
+    return False
 
 
 def _ticks_between(expression: str, start: datetime, end: datetime) -> int:

@@ -93,6 +93,17 @@ class PipelineSettings(BaseSettings):
     # rates, registers it as a new version linked to the evaluated one, and makes it champion.
     refit: bool = True
 
+    # -- monitoring -----------------------------------------------------------------------
+    # The forecast log the service (``<data_dir>/forecast_log``) and ``forecaster predict``
+    # write, and that ``retrain`` and ``monitor`` score against newly observed data; empty
+    # turns logging by ``forecaster predict`` and scoring off.
+    forecast_log: Path | None = Path("data/service/forecast_log")
+    # The champion is degraded when its realised MASE exceeds its backtest MASE by more than
+    # this share (0.3 = 30 %) ...
+    degradation_tolerance: float = Field(default=0.3, ge=0.0)
+    # ... over at least this many observed forecast points (fewer say nothing yet).
+    degradation_min_points: int = Field(default=50, ge=1)
+
     # -- schedule -------------------------------------------------------------------------
     schedule: str = "0 3 * * *"
     # Lock file that keeps two pipeline runs from overlapping.
@@ -108,6 +119,11 @@ class PipelineSettings(BaseSettings):
         if not croniter.is_valid(value):
             raise ValueError(f"expected a cron expression such as '0 3 * * *', got {value!r}")
         return value
+
+    @field_validator("forecast_log", mode="before")
+    @classmethod
+    def _empty_is_off(cls, value: Any) -> Any:
+        return None if value == "" else value
 
     @field_validator("model", "train", mode="before")
     @classmethod

@@ -1,0 +1,300 @@
+"""Monitor: score what deployed versions forecast against what has been observed since.
+
+Reads the forecast log (``pipelines.forecast_log``), joins it with the actuals of the
+ingested data on series and timestamp, and computes per version the realised MAE, MASE
+(scaled like the backtest's: by each series' in-sample seasonal-naive MAE before its first
+scored forecast) and the coverage of the logged interval. The champion is *degraded* when its
+realised MASE exceeds its backtest MASE (the ``backtest.mase`` version tag) by more than
+``degradation_tolerance``, over at least ``degradation_min_points`` scored points.
+
+Logged to the run: ``realised/v<N>/<metric>`` per version and ``realised/champion/<metric>``
+(the UI charts these across runs), the plot ``monitoring/realised_accuracy.png`` (realised
+MASE by forecast origin, one line per version), the per-version table, and the
+``monitoring.*`` run tags. Each version scored gets ``realised.*`` tags, which the service
+exports as a Prometheus gauge.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from mlflow.entities import Metric
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from forecaster.features import season_length
+from forecaster.metrics import mase_scales, metric_by_group
+from forecaster.plotting import plot_metric_over_time
+from forecaster.validation import ID, TARGET, TIME
+from pipelines.forecast_log import empty_log, read_log
+from pipelines.ingest import IngestResult
+from pipelines.registry import CHAMPION
+
+logger = logging.getLogger(__name__)
+
+# Version tags written here (and read by the service).
+REALISED_PREFIX = "realised."
+BACKTEST_MASE = "backtest.mase"
+# At most this many points on the plot's time axis; more origins are binned by day.
+_MAX_PLOT_ORIGINS = 60
+
+
+@dataclass(frozen=True)
+class VersionAccuracy:
+    """Realised accuracy of one version's logged forecasts."""
+
+    version: str
+    mae: float
+    mase: float  # mean over series of each series' MASE; NaN when no series has a scale
+    coverage: float  # share of actuals inside the logged interval; NaN without intervals
+    level: float  # the interval's nominal coverage (0.8 for q0.1..q0.9); NaN without
+    points: int  # forecast steps scored
+    series: int
+    first_ds: pd.Timestamp
+    last_ds: pd.Timestamp
+
+    def as_tags(self) -> dict[str, str]:
+        values = {
+            "mae": f"{self.mae:.6g}",
+            "mase": f"{self.mase:.6g}",
+            "coverage": f"{self.coverage:.6g}",
+            "level": f"{self.level:.6g}",
+            "points": str(self.points),
+            "series": str(self.series),
+            "until": self.last_ds.isoformat(),
+        }
+        return {REALISED_PREFIX + k: v for k, v in values.items()}
+
+
+@dataclass(frozen=True)
+class Realised:
+    """Every version's realised accuracy and the scored rows behind it."""
+
+    versions: dict[str, VersionAccuracy]
+    scored: pd.DataFrame  # log rows with their actual `y` and row-wise `scaled_error`
+
+
+@dataclass(frozen=True)
+class MonitorResult:
+    """What the monitoring step found and decided about the champion."""
+
+    realised: Realised
+    champion_version: str | None
+    backtest_mase: float | None  # the champion's, from its version tag
+    degraded: bool
+    reason: str
+    log_rows: int = 0
+    versions: list[str] = field(default_factory=list)
+
+    @property
+    def champion(self) -> VersionAccuracy | None:
+        if self.champion_version is None:
+            return None
+        return self.realised.versions.get(self.champion_version)
+
+
+def score(log: pd.DataFrame, actuals: pd.DataFrame, season: int) -> Realised:
+    """Join logged forecasts with observed values and score each version.
+
+    Args:
+        log: rows of ``read_log``.
+        actuals: long frame (``unique_id``, ``ds``, ``y``); missing ``y`` is not scored.
+        season: MASE's seasonal lag.
+    """
+    truth = pd.DataFrame(
+        {
+            ID: actuals[ID].astype("str").to_numpy(),
+            TIME: actuals[TIME].to_numpy(dtype="datetime64[ns]"),
+            TARGET: actuals[TARGET].to_numpy(np.float64),
+        }
+    ).dropna(subset=[TARGET])
+    rows = log.assign(**{ID: log[ID].astype("str")})
+    scored = rows.merge(truth, on=[ID, TIME], how="inner").reset_index(drop=True)
+    if not len(scored):
+        return Realised({}, scored.assign(scaled_error=pd.Series(dtype="float64")))
+    per_series = metric_by_group(scored, truth, season, "mase", by=("model_version", ID))
+    scale = mase_scales(scored, truth, season)
+    scored = scored.assign(scaled_error=np.abs(scored[TARGET] - scored["mean"]) / scale)
+    inside = (scored[TARGET] >= scored["lower"]) & (scored[TARGET] <= scored["upper"])
+    has_interval = scored["lower"].notna() & scored["upper"].notna()
+    versions = {}
+    for version, group in scored.groupby("model_version", sort=True):
+        mase_values = per_series.loc[version].to_numpy()
+        with_interval = has_interval[group.index]
+        versions[str(version)] = VersionAccuracy(
+            version=str(version),
+            mae=float(np.mean(np.abs(group[TARGET] - group["mean"]))),
+            mase=float(np.nanmean(mase_values)) if np.isfinite(mase_values).any() else math.nan,
+            coverage=float(inside[group.index][with_interval].mean())
+            if with_interval.any()
+            else math.nan,
+            level=float(group["level"].max()) if with_interval.any() else math.nan,
+            points=len(group),
+            series=int(group[ID].nunique()),
+            first_ds=pd.Timestamp(group[TIME].min()),
+            last_ds=pd.Timestamp(group[TIME].max()),
+        )
+    return Realised(versions, scored)
+
+
+def degradation(
+    accuracy: VersionAccuracy | None,
+    backtest_mase: float | None,
+    *,
+    tolerance: float,
+    min_points: int,
+) -> tuple[bool, str]:
+    """Whether the champion's realised MASE is worse than its backtest's by more than
+    ``tolerance`` (0.3 = 30 %), and why (or why not)."""
+    if accuracy is None:
+        return False, "no logged forecast of the champion has been observed yet"
+    if accuracy.points < min_points:
+        return False, (
+            f"only {accuracy.points} observed forecast point(s) of version {accuracy.version}; "
+            f"degradation is judged from {min_points}"
+        )
+    if backtest_mase is None or not math.isfinite(backtest_mase):
+        return False, f"version {accuracy.version} has no backtest MASE to compare with"
+    if not math.isfinite(accuracy.mase):
+        return False, f"version {accuracy.version}: realised MASE undefined (constant series)"
+    limit = backtest_mase * (1 + tolerance)
+    verdict = (
+        f"version {accuracy.version}: realised MASE {accuracy.mase:.4f} over {accuracy.points} "
+        f"point(s) vs backtest {backtest_mase:.4f} (limit {limit:.4f} = backtest x "
+        f"{1 + tolerance:g})"
+    )
+    return accuracy.mase > limit, verdict
+
+
+def monitor(
+    data: IngestResult,
+    *,
+    log_dir: str | Path | None,
+    model_name: str,
+    tolerance: float,
+    min_points: int,
+    client: MlflowClient,
+    run_id: str,
+) -> MonitorResult:
+    """Score the forecast log against ``data``, log it to ``run_id``, tag the versions.
+
+    A missing or empty log is not an error: nothing has been forecast yet.
+    """
+    started = time.perf_counter()
+    log = read_log(log_dir, model_name=model_name) if log_dir is not None else empty_log()
+    realised = score(log, data.frame, season_length(data.freq))
+    champion, backtest_mase = _champion(client, model_name)
+    degraded, reason = degradation(
+        realised.versions.get(champion) if champion else None,
+        backtest_mase,
+        tolerance=tolerance,
+        min_points=min_points,
+    )
+    if champion is None:
+        degraded, reason = False, f"{model_name} has no champion yet"
+    result = MonitorResult(
+        realised,
+        champion,
+        backtest_mase,
+        degraded,
+        reason,
+        log_rows=len(log),
+        versions=sorted(realised.versions, key=_version_key),
+    )
+    _log(result, client, run_id, model_name)
+    if degraded:
+        logger.warning("CHAMPION DEGRADED: %s", reason)
+    else:
+        logger.info("monitoring: %s", reason)
+    for accuracy in realised.versions.values():
+        logger.info(
+            "realised accuracy of version %s: MAE %.4g, MASE %.4g, coverage %.3g over %d "
+            "point(s) of %d series up to %s",
+            accuracy.version,
+            accuracy.mae,
+            accuracy.mase,
+            accuracy.coverage,
+            accuracy.points,
+            accuracy.series,
+            accuracy.last_ds,
+        )
+    logger.info("scored %d logged forecast rows in %.1fs", len(log), time.perf_counter() - started)
+    return result
+
+
+def _version_key(version: str) -> tuple[int, str]:
+    return (int(version), "") if version.isdigit() else (10**9, version)
+
+
+def _champion(client: MlflowClient, model_name: str) -> tuple[str | None, float | None]:
+    try:
+        version = client.get_model_version_by_alias(model_name, CHAMPION)
+    except MlflowException:
+        return None, None
+    raw = version.tags.get(BACKTEST_MASE)
+    try:
+        backtest = float(raw) if raw is not None else None
+    except ValueError:
+        backtest = None
+    return str(version.version), backtest
+
+
+def _log(result: MonitorResult, client: MlflowClient, run_id: str, model_name: str) -> None:
+    now = int(time.time() * 1000)
+    metrics = []
+    for version, accuracy in result.realised.versions.items():
+        names = {"mae": accuracy.mae, "mase": accuracy.mase, "coverage": accuracy.coverage}
+        names["points"] = float(accuracy.points)
+        for name, value in names.items():
+            if math.isfinite(value):
+                metrics.append(Metric(f"realised/v{version}/{name}", float(value), now, 0))
+                if version == result.champion_version:
+                    metrics.append(Metric(f"realised/champion/{name}", float(value), now, 0))
+    if metrics:
+        client.log_batch(run_id, metrics=metrics)
+    client.set_tag(run_id, "monitoring.degraded", str(result.degraded).lower())
+    client.set_tag(run_id, "monitoring.reason", result.reason[:5000])
+    if result.champion_version is not None:
+        client.set_tag(run_id, "monitoring.champion_version", result.champion_version)
+    for version, accuracy in result.realised.versions.items():
+        tags = accuracy.as_tags()
+        if version == result.champion_version:
+            tags[REALISED_PREFIX + "degraded"] = str(result.degraded).lower()
+        try:
+            for key, value in tags.items():
+                client.set_model_version_tag(model_name, version, key, value)
+        except MlflowException as exc:  # a deleted version keeps its rows in the log
+            logger.info("version %s not tagged: %s", version, exc)
+    if not result.realised.versions:
+        return
+    table = pd.DataFrame([vars(a) for a in result.realised.versions.values()])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "realised_accuracy.png"
+        plot_metric_over_time(
+            _by_origin(result.realised.scored),
+            path,
+            title="Realised MASE of logged forecasts, by forecast origin",
+            ylabel="MASE",
+        )
+        client.log_artifact(run_id, str(path), "monitoring")
+        client.log_table(run_id, table.astype({"first_ds": str, "last_ds": str}), "monitoring/realised_accuracy.json")
+
+
+def _by_origin(scored: pd.DataFrame) -> pd.DataFrame:
+    """Mean scaled error per version and origin (by day when there are many origins)."""
+    origin = scored["origin"]
+    if origin.nunique() > _MAX_PLOT_ORIGINS:
+        origin = origin.dt.floor("D")
+    grouped = (
+        scored.assign(time=origin, group="v" + scored["model_version"].astype(str))
+        .groupby(["group", "time"], sort=True)["scaled_error"]
+        .mean()
+    )
+    return grouped.rename("value").reset_index()

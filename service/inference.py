@@ -218,8 +218,13 @@ def name_request_field(exc: ForecasterInputError, request: ForecastRequest) -> N
 # -- merged prediction ---------------------------------------------------------------------------
 
 
-def predict_items(items: list[OnlineItem]) -> list[bytes | Exception]:
-    """Forecast every item, merging those that can share one `predict` call."""
+def predict_items(
+    items: list[OnlineItem], on_forecast: Callable[[ItemForecast], None] | None = None
+) -> list[bytes | Exception]:
+    """Forecast every item, merging those that can share one `predict` call.
+
+    `on_forecast` sees each successful forecast before it is rendered (the forecast log).
+    """
     results: list[bytes | Exception] = [b""] * len(items)
     built: dict[int, FrameParts] = {}
     groups: dict[tuple[Any, ...], list[int]] = defaultdict(list)
@@ -247,6 +252,8 @@ def predict_items(items: list[OnlineItem]) -> list[bytes | Exception]:
             if isinstance(forecast, Exception):
                 results[k] = forecast
                 continue
+            if on_forecast is not None:
+                on_forecast(forecast)
             try:
                 results[k] = items[k].render(forecast)
             except Exception as exc:

@@ -9,6 +9,7 @@ gauges show the highest value any live worker reports.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Any
@@ -25,6 +26,8 @@ from prometheus_client import (
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# The `metric` labels of forecaster_model_realised_accuracy (pipelines.monitor's version tags).
+REALISED_METRICS = ("mae", "mase", "coverage", "points")
 
 
 def multiprocess_mode() -> bool:
@@ -136,12 +139,30 @@ class ServiceMetrics:
             "Series forecast by batch jobs.",
             registry=r,
         )
+        self.realised = Gauge(
+            "forecaster_model_realised_accuracy",
+            "Realised accuracy of the served version's logged forecasts, as of the last "
+            "monitoring run (MAE, MASE, interval coverage, points scored); NaN before any.",
+            ["metric"],
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self.forecast_log_rows = Counter(
+            "forecaster_forecast_log_rows_total",
+            "Forecast rows appended to the forecast log, by outcome (logged, dropped).",
+            ["outcome"],
+            registry=r,
+        )
         self.jobs_pending = Gauge(
             "forecaster_batch_jobs_pending",
             "Batch jobs queued or running.",
             registry=r,
             multiprocess_mode="livemax",  # every worker sees the one job store
         )
+
+    def set_realised(self, realised: dict[str, float]) -> None:
+        for metric in REALISED_METRICS:
+            self.realised.labels(metric).set(realised.get(metric, math.nan))
 
     def set_model(self, name: str, version: str, alias: str | None, run_id: str | None) -> None:
         if self._model_labels is not None:

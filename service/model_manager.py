@@ -39,6 +39,8 @@ class ModelIdentity:
     run_id: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     source_uri: str | None = None
+    # Realised accuracy the last monitoring run tagged the version with ("mase" -> 0.91).
+    realised: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_ref(cls, ref: Any) -> ModelIdentity:
@@ -49,6 +51,7 @@ class ModelIdentity:
             run_id=getattr(ref, "run_id", None),
             metrics={k: float(v) for k, v in (getattr(ref, "metrics", None) or {}).items()},
             source_uri=getattr(ref, "source_uri", None),
+            realised=_realised(getattr(ref, "tags", None) or {}),
         )
 
     def info(self) -> dict[str, Any]:
@@ -58,6 +61,19 @@ class ModelIdentity:
             "alias": self.alias,
             "run_id": self.run_id,
         }
+
+
+def _realised(tags: dict[str, str]) -> dict[str, float]:
+    from pipelines.monitor import REALISED_PREFIX
+
+    values = {}
+    for key, value in tags.items():
+        if key.startswith(REALISED_PREFIX):
+            try:
+                values[key.removeprefix(REALISED_PREFIX)] = float(value)
+            except ValueError:  # "until", "degraded": not numbers
+                continue
+    return values
 
 
 @dataclass(frozen=True)
@@ -259,6 +275,7 @@ class ModelManager:
         if current is not None and current.identity.version == identity.version:
             if current.identity != identity:  # same version, fresher metadata (metrics, alias)
                 self.current = ServedModel(current.forecaster, identity, current.loaded_at)
+                self.metrics.set_realised(identity.realised)
             return CheckOutcome("unchanged", f"version {identity.version} is already served")
         if identity.version in self.refused and not force:
             refusal = self.refused[identity.version]
@@ -285,6 +302,7 @@ class ModelManager:
         self.current = ServedModel(forecaster, identity, datetime.now(UTC))
         self.metrics.model_loads.labels("loaded").inc()
         self.metrics.set_model(identity.name, identity.version, identity.alias, identity.run_id)
+        self.metrics.set_realised(identity.realised)
         logger.info(
             "now serving %s version %s (run %s)", identity.name, identity.version, identity.run_id
         )

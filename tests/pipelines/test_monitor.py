@@ -1,0 +1,193 @@
+"""Realised accuracy: logged forecasts scored against data observed later, per version."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipelines.forecast_log import read_log, records
+from pipelines.monitor import VersionAccuracy, degradation, score
+from pipelines.predict import predict_file
+from pipelines.retrain import check_champion, retrain
+from pipelines.schedule import run_schedule
+from tests.pipelines.pipeline_helpers import client_for, make_settings, synthetic
+
+T = pd.date_range("2024-01-01", periods=7, freq="h")
+
+
+def _log_rows(version: str, sid: str, origin: int, means, lower=None, upper=None) -> pd.DataFrame:
+    h = len(means)
+    quantiles = {}
+    if lower is not None:
+        quantiles = {0.1: np.asarray(lower, float), 0.9: np.asarray(upper, float)}
+    return records(
+        model_name="forecaster",
+        model_version=version,
+        unique_id=np.array([sid] * h),
+        ds=T[origin + 1 : origin + 1 + h].to_numpy(),
+        mean=np.asarray(means, float),
+        quantiles=quantiles,
+        history_ids=np.array([sid] * (origin + 1)),
+        history_ds=T[: origin + 1].to_numpy(),
+    ).to_pandas()
+
+
+def test_scores_match_a_hand_computation():
+    actuals = pd.DataFrame(
+        {
+            "unique_id": ["a"] * 7 + ["b"] * 7,
+            "ds": list(T) * 2,
+            # t6 of "a" is not observed yet; lag-1 scales: a -> 1, b -> 2
+            "y": [0, 1, 2, 3, 5, 2, np.nan, 0, 2, 4, 6, 6, 6, 6],
+        }
+    )
+    log = pd.concat(
+        [
+            # v1 for a from t3: errors |5-4| = 1, |2-4| = 2, |nan - 4| not scored
+            _log_rows("1", "a", 3, [4, 4, 4], lower=[3, 3, 3], upper=[5, 5, 5]),
+            # v1 for b from t3: errors 2, 0, 0; b's scale is 2
+            _log_rows("1", "b", 3, [8, 6, 6], lower=[7, 5, 5], upper=[9, 7, 7]),
+            # v2 for a from t4, no interval: error 0
+            _log_rows("2", "a", 4, [2]),
+        ],
+        ignore_index=True,
+    )
+    realised = score(log, actuals, season=1)
+    v1, v2 = realised.versions["1"], realised.versions["2"]
+    assert v1.mae == pytest.approx((1 + 2 + 2 + 0 + 0) / 5)
+    assert v1.mase == pytest.approx((1.5 / 1 + (2 / 3) / 2) / 2)  # mean of per-series MASE
+    assert v1.coverage == pytest.approx(3 / 5)  # a: 5 in [3, 5]; b: 6 in [5, 7] twice
+    assert v1.level == pytest.approx(0.8)
+    assert (v1.points, v1.series) == (5, 2)
+    assert v1.last_ds == T[6]
+    assert (v2.mae, v2.mase, v2.points) == (0.0, 0.0, 1)
+    assert math.isnan(v2.coverage)
+
+
+def test_nothing_observed_yet_scores_nothing():
+    log = _log_rows("1", "a", 3, [4, 4])
+    actuals = pd.DataFrame({"unique_id": ["a"] * 4, "ds": T[:4], "y": [0.0, 1, 2, 3]})
+    assert score(log, actuals, season=1).versions == {}
+
+
+def _accuracy(mase: float, points: int = 100) -> VersionAccuracy:
+    return VersionAccuracy("3", 1.0, mase, 0.8, 0.8, points, 5, T[0], T[-1])
+
+
+@pytest.mark.parametrize(
+    ("mase", "points", "degraded"),
+    [(1.29, 100, False), (1.31, 100, True), (5.0, 10, False)],
+)
+def test_degraded_only_past_the_tolerance_with_enough_points(mase, points, degraded):
+    verdict, reason = degradation(_accuracy(mase, points), 1.0, tolerance=0.3, min_points=50)
+    assert verdict is degraded
+    assert "version 3" in reason
+
+
+def _observed(frame: pd.DataFrame, n_new: int, shift: float = 0.0) -> pd.DataFrame:
+    """``frame`` with ``n_new`` more hours per series, continuing it (+ ``shift``)."""
+    longer = synthetic(n_steps=frame.groupby("unique_id").size().max() + n_new)
+    new = longer.groupby("unique_id").tail(n_new)
+    return pd.concat([frame, new.assign(y=new["y"] + shift)], ignore_index=True)
+
+
+def test_retrain_scores_the_champions_logged_forecasts_and_a_shift_is_degradation(
+    store, tmp_path, data_csv
+):
+    settings = make_settings(store, degradation_min_points=10, forecast_log=str(tmp_path / "log"))
+    data = pd.read_csv(data_csv, parse_dates=["ds"])
+    out = tmp_path / "forecast.csv"
+    predict_file(
+        settings.champion_uri,
+        data_csv,
+        out,
+        tracking_uri=settings.resolved_tracking_uri,
+        forecast_log=settings.forecast_log,
+        progress=False,
+    )
+    logged = read_log(settings.forecast_log)
+    horizon = settings.horizon
+    assert len(logged) == data["unique_id"].nunique() * horizon
+    assert set(logged["model_version"]) == {"1"}
+    assert (logged["origin"] == data["ds"].max()).all()
+
+    # The next hours arrive as expected: the champion is healthy.
+    healthy = check_champion(settings, _observed(data, horizon))
+    forecast = pd.read_csv(out, parse_dates=["ds"])
+    truth = _observed(data, horizon).merge(forecast, on=["unique_id", "ds"])
+    assert healthy.champion.mae == pytest.approx(np.mean(np.abs(truth["y"] - truth["mean"])))
+    assert healthy.champion.points == len(truth) == len(logged)
+    assert not healthy.degraded, healthy.reason
+
+    client = client_for(store)
+    tags = client.get_model_version("forecaster", "1").tags
+    assert float(tags["realised.mae"]) == pytest.approx(healthy.champion.mae, rel=1e-5)
+    assert tags["realised.degraded"] == "false"
+
+    # A level shift the model has never seen: realised MASE far above the backtest's.
+    shifted = _observed(data, horizon, shift=10 * data["y"].std())
+    result = retrain(settings, shifted)
+    assert result.monitoring is not None and result.monitoring.degraded
+    assert "realised MASE" in result.monitoring.reason
+    run = client.get_run(result.run_id)
+    assert run.data.tags["monitoring.degraded"] == "true"
+    assert run.data.metrics["realised/v1/mase"] == pytest.approx(result.monitoring.champion.mase)
+    artifacts = [a.path for a in client.list_artifacts(result.run_id, "monitoring")]
+    assert "monitoring/realised_accuracy.png" in artifacts
+    assert client.get_model_version("forecaster", "1").tags["realised.degraded"] == "true"
+
+
+class _Clock:
+    def __init__(self):
+        self.t = datetime(2026, 1, 1, 2, 59, 30).astimezone()
+
+    def now(self) -> datetime:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += timedelta(seconds=seconds)
+
+
+def test_schedule_on_degradation_retrains_only_a_degraded_champion(store, tmp_path, data_csv):
+    settings = make_settings(store, degradation_min_points=10, forecast_log=str(tmp_path / "log"))
+    data = pd.read_csv(data_csv, parse_dates=["ds"])
+    predict_file(
+        settings.champion_uri,
+        data_csv,
+        tmp_path / "forecast.csv",
+        tracking_uri=settings.resolved_tracking_uri,
+        forecast_log=settings.forecast_log,
+        progress=False,
+    )
+    client = client_for(store)
+    healthy_data = tmp_path / "healthy.csv"
+    _observed(data, settings.horizon).to_csv(healthy_data, index=False)
+    clock = _Clock()
+    report = run_schedule(
+        settings,
+        data=healthy_data,
+        max_runs=1,
+        on_degradation=True,
+        now=clock.now,
+        sleep=clock.sleep,
+    )
+    assert (report.healthy, report.succeeded) == (1, 0)
+    assert len(client.search_model_versions("name='forecaster'")) == 1
+
+    degraded_data = tmp_path / "degraded.csv"
+    _observed(data, settings.horizon, shift=10 * data["y"].std()).to_csv(degraded_data, index=False)
+    report = run_schedule(
+        settings,
+        data=degraded_data,
+        max_runs=1,
+        on_degradation=True,
+        now=clock.now,
+        sleep=clock.sleep,
+    )
+    assert (report.healthy, report.succeeded) == (0, 1)
+    assert report.last_result.monitoring.degraded
+    assert len(client.search_model_versions("name='forecaster'")) == 2

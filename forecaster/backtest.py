@@ -17,8 +17,8 @@ import pandas as pd
 
 from forecaster.data import ID, TARGET, TIME
 from forecaster.errors import InvalidConfigError, SeriesTooShortError
-from forecaster.features import season_length
 from forecaster.metrics import evaluate, metric_by_group
+from forecaster.time_axis import season_length
 from forecaster.validation import validate_long_frame
 
 

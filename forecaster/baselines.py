@@ -20,7 +20,7 @@ from forecaster.errors import (
     InvalidConfigError,
     UnknownQuantileError,
 )
-from forecaster.features import season_length as default_season_length
+from forecaster.time_axis import season_length as default_season_length
 from forecaster.validation import ValidatedFrame, future_grid, validate_long_frame
 
 DEFAULT_QUANTILES = (0.1, 0.5, 0.9)
@@ -78,7 +78,7 @@ class SeasonalNaive:
 
     Args:
         season_length: m; None takes the seasonal period of the frequency inferred at `fit`
-            (`forecaster.features.season_length`: 24 for hourly data, 7 for daily, ...).
+            (`forecaster.time_axis.season_length`: 24 for hourly data, 7 for daily, ...).
         horizon: the default horizon of `predict` (and `max_horizon`); None means one season.
             Any horizon can be asked of `predict`.
         quantiles: the levels `predict` returns when it is not given any.

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from forecaster.errors import InvalidConfigError
-from forecaster.features import CALENDAR_FEATURES
+from forecaster.time_axis import CALENDAR_FEATURES
 
 Loss = Literal["mae", "mse", "huber"]
 LOSSES = ("mae", "mse", "huber")
@@ -69,7 +69,7 @@ class ModelConfig:
     # decoder reads as its draft and corrects. Off: the Transformer forecasts alone.
     linear_start: bool = True
     # Calendar features of `ds` fed to encoder and decoder tokens (names from
-    # forecaster.features.CALENDAR_FEATURES). Off by default: on validation data they let the
+    # forecaster.time_axis.CALENDAR_FEATURES). Off by default: on validation data they let the
     # model memorise the training period's calendar (see the README's design section).
     calendar_features: tuple[str, ...] = ()
     # Names of user-given known-future covariate columns, fed like the calendar features.

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from forecaster.columns import ID, TARGET, TIME
 from forecaster.errors import (
     EmptyDataError,
     ForecasterInputError,
@@ -22,7 +23,7 @@ from forecaster.errors import (
     NonNumericValuesError,
     SeriesTooShortError,
 )
-from forecaster.validation import ID, TARGET, TIME, parse_timestamps
+from forecaster.time_axis import parse_timestamps
 
 __all__ = [
     "ID",

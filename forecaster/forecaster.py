@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,11 +24,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from forecaster.config import ModelConfig, TrainConfig, config_from_dict, config_to_dict
-from forecaster.data import quantile_column
 from forecaster.errors import HorizonTooLongError, SeriesTooShortError, UnknownQuantileError
-from forecaster.features import patch_length_for
 from forecaster.model import PatchTransformer
-from forecaster.outputs import AttentionMaps, ModelOutput
+from forecaster.outputs import AttentionMaps, ForecastArrays, ModelOutput
+from forecaster.time_axis import patch_length_for, shift, steps_after
 from forecaster.training import (
     EpochLog,
     TrainResult,
@@ -60,17 +59,44 @@ class WindowForecasts:
     quantiles: np.ndarray | None  # (W, H, Q)
 
 
-@dataclass
-class _Prepared:
-    """Model inputs for the forecast after the end of each series of a validated frame."""
+@dataclass(frozen=True)
+class ModelInputs:
+    """Validated model inputs for the forecast after the end of each of S series.
 
-    series_ids: list[str]
+    What `Forecaster.prepare` returns; inputs of several requests concatenate (`concat`) into
+    one forward pass, so each request is validated alone and only tensors are merged.
+    Shapes use S series, L context length, H the model's horizon, F covariates.
+    """
+
+    series_ids: np.ndarray  # (S,) object, the ids as validated (text)
     past_values: torch.Tensor  # (S, L) float64, 0 where unobserved
     past_observed_mask: torch.Tensor  # (S, L) bool
     past_covariates: torch.Tensor | None  # (S, L, F)
     future_covariates: torch.Tensor | None  # (S, H, F)
     last_timestamps: np.ndarray  # (S,) datetime64[ns]
     future_timestamps: np.ndarray  # (S, H) datetime64[ns], the steps after each series' end
+
+    def __len__(self) -> int:
+        return len(self.series_ids)
+
+    @staticmethod
+    def concat(parts: Sequence[ModelInputs]) -> ModelInputs:
+        """The series of every part, in order (parts prepared by the same model)."""
+        if len(parts) == 1:
+            return parts[0]
+
+        def cat(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
+            return None if tensors[0] is None else torch.cat(tensors)
+
+        return ModelInputs(
+            series_ids=np.concatenate([p.series_ids for p in parts]),
+            past_values=torch.cat([p.past_values for p in parts]),
+            past_observed_mask=torch.cat([p.past_observed_mask for p in parts]),
+            past_covariates=cat([p.past_covariates for p in parts]),
+            future_covariates=cat([p.future_covariates for p in parts]),
+            last_timestamps=np.concatenate([p.last_timestamps for p in parts]),
+            future_timestamps=np.concatenate([p.future_timestamps for p in parts]),
+        )
 
 
 class Forecaster:
@@ -174,17 +200,99 @@ class Forecaster:
         Returns a long frame `unique_id, ds, mean` plus one column per quantile (`q0.1`, ...).
         One forward pass per `predict_batch_size` series, under `torch.inference_mode`.
         """
-        horizon = self._check_horizon(horizon)
-        quantiles = self._check_quantiles(quantiles)
-        prepared = self._prepare(df, future_df, horizon)
-        output = self._forward_batches(prepared)
-        return self._to_frame(prepared, output, quantiles, horizon)
+        horizon = self.check_horizon(horizon)
+        levels = self.check_quantiles(quantiles)
+        inputs = self.prepare(df, future_df, horizon)
+        return self.forecast(inputs).select(horizon, levels).to_frame()
+
+    def prepare(
+        self,
+        df: pd.DataFrame | Mapping[str, np.ndarray],
+        future_df: pd.DataFrame | Mapping[str, np.ndarray] | None = None,
+        horizon: int | None = None,
+    ) -> ModelInputs:
+        """Validate a history (a long frame, or its columns as arrays) into model inputs.
+
+        Every validation rule runs here, on this history alone; `future_df` holds the
+        known-future covariates of the next `horizon` steps (models with covariates only).
+        """
+        self._require_model()
+        horizon = self.check_horizon(horizon)
+        mc = self.model_config
+        validated: ValidatedFrame = validate_long_frame(
+            _frame(df), covariates=mc.covariates, freq=self.freq, allow_missing=True
+        )
+        panel = SeriesPanel.from_frame(validated.frame, mc)
+        batch = gather_windows(panel, panel.last_origins(), mc.context_length, 0)
+        timestamps = validated.frame["ds"].to_numpy()
+        last_timestamps = timestamps[panel.offsets[1:] - 1]
+        future_ds = steps_after(last_timestamps, self.freq, mc.prediction_length)  # (S, H)
+
+        future_cov = None
+        if mc.n_covariates:
+            s = len(panel.series_ids)
+            future_frame = pd.DataFrame(
+                {
+                    "unique_id": np.repeat(panel.series_ids, mc.prediction_length),
+                    "ds": future_ds.ravel(),
+                }
+            )
+            if mc.covariates:
+                given = validate_future_frame(
+                    None if future_df is None else _frame(future_df),
+                    history=validated,
+                    horizon=horizon,
+                    covariates=mc.covariates,
+                )
+                future_frame = future_frame.merge(given, on=["unique_id", "ds"], how="left")
+                # Beyond the requested horizon the model still reads H steps: hold the last value.
+                future_frame[list(mc.covariates)] = future_frame.groupby("unique_id")[
+                    list(mc.covariates)
+                ].ffill()
+            cov = covariate_matrix(future_frame, mc)
+            future_cov = torch.from_numpy(cov.reshape(s, mc.prediction_length, -1))
+        return ModelInputs(
+            series_ids=np.asarray(panel.series_ids, dtype=object),
+            past_values=batch.past_values,
+            past_observed_mask=batch.past_observed_mask,
+            past_covariates=batch.past_covariates,
+            future_covariates=future_cov,
+            last_timestamps=last_timestamps,
+            future_timestamps=future_ds,
+        )
+
+    def forecast(self, inputs: ModelInputs) -> ForecastArrays:
+        """The model's full horizon and every quantile for prepared inputs.
+
+        One forward pass per `predict_batch_size` series, under `torch.inference_mode`;
+        `ForecastArrays.select` cuts a shorter horizon or fewer quantiles.
+        """
+        batch_size = self.train_config.predict_batch_size
+        means, quantiles = [], []
+        for begin in range(0, len(inputs), batch_size):
+            sl = slice(begin, begin + batch_size)
+            output = self._forward(
+                inputs.past_values[sl],
+                inputs.past_observed_mask[sl],
+                None if inputs.past_covariates is None else inputs.past_covariates[sl],
+                None if inputs.future_covariates is None else inputs.future_covariates[sl],
+            )
+            means.append(output.mean.numpy())
+            if output.quantiles is not None:
+                quantiles.append(output.quantiles.numpy())
+        s, h = len(inputs), self.max_horizon
+        mean = np.concatenate(means) if means else np.zeros((0, h))
+        levels = self.quantiles if quantiles else ()
+        q = np.concatenate(quantiles) if quantiles else np.zeros((s, h, 0))
+        if not means:
+            q = np.zeros((0, h, len(levels)))
+        return ForecastArrays(inputs.series_ids, inputs.future_timestamps, mean, q, levels)
 
     def attention(self, df: pd.DataFrame, future_df: pd.DataFrame | None = None) -> AttentionMaps:
         """Attention weights behind the forecast of each series of `df` (see AttentionMaps)."""
         model = self._require_model()
         mc = self.model_config
-        prepared = self._prepare(df, future_df, self.max_horizon)
+        prepared = self.prepare(df, future_df)
         with torch.inference_mode():
             _, attention = model(
                 prepared.past_values.to(self.device),
@@ -198,14 +306,10 @@ class Forecaster:
             return [w.float().cpu().numpy() for w in layers]
 
         # The first token starts N * P steps before the forecast origin (padding included).
-        steps = mc.n_patches * mc.patch
-        offset = pd.tseries.frequencies.to_offset(self.freq)
-        context_starts = [
-            pd.date_range(end=pd.Timestamp(t), periods=steps, freq=offset)[0].isoformat()
-            for t in prepared.last_timestamps
-        ]
+        starts = shift(prepared.last_timestamps, self.freq, 1 - mc.n_patches * mc.patch)
+        context_starts = [pd.Timestamp(t).isoformat() for t in starts]
         return AttentionMaps(
-            series_ids=prepared.series_ids,
+            series_ids=list(prepared.series_ids),
             encoder=arrays(attention.encoder),
             decoder_self=arrays(attention.decoder_self),
             cross=arrays(attention.cross),
@@ -342,7 +446,8 @@ class Forecaster:
             )
         return self.model
 
-    def _check_horizon(self, horizon: int | None) -> int:
+    def check_horizon(self, horizon: int | None) -> int:
+        """`horizon` as an int in 1..prediction_length (None: prediction_length)."""
         if horizon is None:
             return self.max_horizon
         if (
@@ -357,7 +462,8 @@ class Forecaster:
             )
         return int(horizon)
 
-    def _check_quantiles(self, quantiles: Sequence[float] | None) -> tuple[float, ...]:
+    def check_quantiles(self, quantiles: Sequence[float] | None) -> tuple[float, ...]:
+        """Each requested level as the trained level it equals (None: all of them)."""
         if quantiles is None:
             return self.quantiles
         # Each requested level mapped to the trained one it equals (up to float noise).
@@ -371,48 +477,6 @@ class Forecaster:
                 field="quantiles",
             )
         return tuple(matched)
-
-    def _prepare(self, df: pd.DataFrame, future_df: pd.DataFrame | None, horizon: int) -> _Prepared:
-        self._require_model()
-        mc = self.model_config
-        validated: ValidatedFrame = validate_long_frame(
-            df, covariates=mc.covariates, freq=self.freq, allow_missing=True
-        )
-        panel = SeriesPanel.from_frame(validated.frame, mc)
-        batch = gather_windows(panel, panel.last_origins(), mc.context_length, 0)
-        timestamps = validated.frame["ds"].to_numpy()
-        last_timestamps = timestamps[panel.offsets[1:] - 1]
-        future_ds = _future_timestamps(last_timestamps, self.freq, mc.prediction_length)  # (S, H)
-
-        future_cov = None
-        if mc.n_covariates:
-            s = len(panel.series_ids)
-            future_frame = pd.DataFrame(
-                {
-                    "unique_id": np.repeat(panel.series_ids, mc.prediction_length),
-                    "ds": future_ds.ravel(),
-                }
-            )
-            if mc.covariates:
-                given = validate_future_frame(
-                    future_df, history=validated, horizon=horizon, covariates=mc.covariates
-                )
-                future_frame = future_frame.merge(given, on=["unique_id", "ds"], how="left")
-                # Beyond the requested horizon the model still reads H steps: hold the last value.
-                future_frame[list(mc.covariates)] = future_frame.groupby("unique_id")[
-                    list(mc.covariates)
-                ].ffill()
-            cov = covariate_matrix(future_frame, mc)
-            future_cov = torch.from_numpy(cov.reshape(s, mc.prediction_length, -1))
-        return _Prepared(
-            series_ids=panel.series_ids,
-            past_values=batch.past_values,
-            past_observed_mask=batch.past_observed_mask,
-            past_covariates=batch.past_covariates,
-            future_covariates=future_cov,
-            last_timestamps=last_timestamps,
-            future_timestamps=future_ds,
-        )
 
     def _forward(
         self,
@@ -435,43 +499,9 @@ class Forecaster:
         quantiles = None if forecast.quantiles is None else forecast.quantiles.double().cpu()
         return ModelOutput(forecast.mean.double().cpu(), quantiles)
 
-    def _forward_batches(self, prepared: _Prepared) -> ModelOutput:
-        """One forward pass per batch of series: mean (S, H) and quantiles (S, H, Q)."""
-        batch_size = self.train_config.predict_batch_size
-        means, quantiles = [], []
-        for begin in range(0, len(prepared.series_ids), batch_size):
-            sl = slice(begin, begin + batch_size)
-            output = self._forward(
-                prepared.past_values[sl],
-                prepared.past_observed_mask[sl],
-                None if prepared.past_covariates is None else prepared.past_covariates[sl],
-                None if prepared.future_covariates is None else prepared.future_covariates[sl],
-            )
-            means.append(output.mean)
-            if output.quantiles is not None:
-                quantiles.append(output.quantiles)
-        return ModelOutput(torch.cat(means), torch.cat(quantiles) if quantiles else None)
 
-    def _to_frame(
-        self,
-        prepared: _Prepared,
-        output: ModelOutput,
-        quantiles: tuple[float, ...],
-        horizon: int,
-    ) -> pd.DataFrame:
-        n = len(prepared.series_ids)
-        mean = output.mean.numpy()[:, :horizon]
-        out = {
-            "unique_id": np.repeat(np.asarray(prepared.series_ids, dtype=object), horizon),
-            "ds": prepared.future_timestamps[:, :horizon].ravel(),
-            "mean": mean.reshape(n * horizon),
-        }
-        for quantile in quantiles:
-            column = output.quantiles.numpy()[:, :horizon, self.quantiles.index(quantile)]
-            out[quantile_column(quantile)] = column.reshape(n * horizon)
-        frame = pd.DataFrame(out)
-        frame["unique_id"] = frame["unique_id"].astype("string")
-        return frame
+def _frame(data: pd.DataFrame | Mapping[str, np.ndarray]) -> pd.DataFrame:
+    return data if isinstance(data, pd.DataFrame) else pd.DataFrame(dict(data))
 
 
 def _to(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
@@ -481,19 +511,6 @@ def _to(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | Non
     if device.type == "cuda":
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
-
-
-def _future_timestamps(last: np.ndarray, freq: str, horizon: int) -> np.ndarray:
-    """(S, horizon) datetime64 array of the steps after each series' last timestamp."""
-    offset = pd.tseries.frequencies.to_offset(freq)
-    last_values = pd.DatetimeIndex(last)
-    if isinstance(offset, pd.Timedelta | pd.tseries.offsets.Tick):
-        step = pd.Timedelta(offset).to_timedelta64()
-        return last_values.values[:, None] + step * np.arange(1, horizon + 1)
-    # Calendar frequencies (month starts, business days) are not fixed durations.
-    return np.stack(
-        [pd.date_range(t, periods=horizon + 1, freq=offset)[1:].values for t in last_values]
-    )
 
 
 def _hold_out_tail(panel: SeriesPanel, horizon: int) -> tuple[WindowSet, WindowSet | None]:

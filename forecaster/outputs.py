@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import torch
+
+from forecaster.data import quantile_column
 
 
 @dataclass(frozen=True)
@@ -34,3 +38,53 @@ class AttentionMaps:
     context_starts: list[str]  # per series: ISO timestamp of the first context step
     patch_length: int  # steps per token; token i covers steps [i*stride, i*stride + patch_length)
     patch_stride: int
+
+
+@dataclass(frozen=True)
+class ForecastArrays:
+    """Forecasts of S series as arrays: what `Forecaster.forecast` returns.
+
+    Shapes use S series, H horizon, Q quantile levels.
+    """
+
+    series_ids: np.ndarray  # (S,) object: the ids as validated (text)
+    timestamps: np.ndarray  # (S, H) datetime64[ns], the steps after each series' end
+    mean: np.ndarray  # (S, H) float64
+    quantiles: np.ndarray  # (S, H, Q) float64; Q = len(levels), may be 0
+    levels: tuple[float, ...]  # the quantile level of each slice of `quantiles`
+
+    def __len__(self) -> int:
+        return len(self.series_ids)
+
+    def rows(self, index: slice | np.ndarray) -> ForecastArrays:
+        """The forecasts of the series at `index` (a slice or integer positions)."""
+        return ForecastArrays(
+            self.series_ids[index],
+            self.timestamps[index],
+            self.mean[index],
+            self.quantiles[index],
+            self.levels,
+        )
+
+    def select(self, horizon: int, levels: Sequence[float]) -> ForecastArrays:
+        """The first `horizon` steps and the quantile `levels` (each one of `self.levels`)."""
+        picks = [self.levels.index(q) for q in levels]
+        return ForecastArrays(
+            self.series_ids,
+            self.timestamps[:, :horizon],
+            self.mean[:, :horizon],
+            self.quantiles[:, :horizon, picks],
+            tuple(levels),
+        )
+
+    def to_frame(self) -> pd.DataFrame:
+        """Long frame `unique_id, ds, mean` plus one `q<level>` column per level."""
+        s, h = self.mean.shape
+        out = {
+            "unique_id": pd.array(np.repeat(self.series_ids, h), dtype="string"),
+            "ds": self.timestamps.reshape(s * h),
+            "mean": self.mean.reshape(s * h),
+        }
+        for k, level in enumerate(self.levels):
+            out[quantile_column(level)] = self.quantiles[:, :, k].reshape(s * h)
+        return pd.DataFrame(out)

@@ -13,7 +13,7 @@ import pandas as pd
 
 from forecaster.data import ID, TARGET, TIME
 from forecaster.errors import InvalidConfigError
-from forecaster.validation import parse_freq
+from forecaster.time_axis import regular_range
 
 PROMO = "promo"
 
@@ -40,9 +40,8 @@ def generate_synthetic(
     for name, value in (("n_series", n_series), ("n_steps", n_steps)):
         if not isinstance(value, int | np.integer) or value < 1:
             raise InvalidConfigError(f"{name}: expected an int >= 1, got {value!r}", field=name)
-    offset = parse_freq(freq)
     rng = np.random.default_rng(seed)
-    ds = pd.date_range(start=start, periods=n_steps, freq=offset).as_unit("ns")
+    ds = pd.DatetimeIndex(regular_range(start, n_steps, freq))
     hours = (ds - ds[0]) / pd.Timedelta(hours=1)
     day_phase = 2 * np.pi * (ds.hour + ds.minute / 60.0).to_numpy() / 24.0
     week_phase = 2 * np.pi * (ds.dayofweek.to_numpy() + day_phase / (2 * np.pi)) / 7.0

@@ -18,16 +18,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from pandas.tseries.frequencies import to_offset
 from pandas.tseries.offsets import BaseOffset
 
+from forecaster.columns import ID, TARGET, TIME
 from forecaster.errors import (
     DuplicateTimestampsError,
     EmptyDataError,
     ForecasterInputError,
     FrequencyInferenceError,
     InvalidConfigError,
-    InvalidTimestampsError,
     IrregularTimestampsError,
     MissingColumnsError,
     MissingCovariatesError,
@@ -36,13 +35,14 @@ from forecaster.errors import (
     SeriesTooShortError,
     UnsortedTimestampsError,
 )
-
-ID, TIME, TARGET = "unique_id", "ds", "y"
-
-_DAY_NS = 86_400 * 10**9
-_WEEKDAYS = ("MON", "TUE", "WED", "THU", "FRI", "SAT", "SUN")
-_MONTHS = ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")
-
+from forecaster.time_axis import (
+    add_offset,
+    fixed_nanos,
+    infer_offset,
+    parse_freq,
+    parse_timestamps,
+    steps_after,
+)
 
 # Larger magnitudes overflow the squared deviations used for scaling, even in float64.
 MAX_ABS_VALUE = 1e30
@@ -240,14 +240,7 @@ def future_grid(history: ValidatedFrame, horizon: int) -> pd.DataFrame:
     frame = history.frame
     codes = pd.factorize(frame[ID])[0]
     last_rows = np.flatnonzero(np.r_[codes[1:] != codes[:-1], True])
-    last = pd.DatetimeIndex(frame[TIME].to_numpy()[last_rows])
-    offset = to_offset(history.freq)
-    steps = []
-    current = last
-    for _ in range(horizon):  # vectorised over series; the loop runs over horizon steps only
-        current = _add_offset(current, offset)
-        steps.append(current.to_numpy())
-    ts = np.stack(steps, axis=1).reshape(-1).astype("datetime64[ns]")
+    ts = steps_after(frame[TIME].to_numpy()[last_rows], history.freq, horizon).reshape(-1)
     ids = np.repeat(frame[ID].to_numpy()[last_rows], horizon)
     return pd.DataFrame({ID: pd.array(ids, dtype="str"), TIME: ts})
 
@@ -306,72 +299,6 @@ def _series_codes(col: pd.Series) -> tuple[pd.api.extensions.ExtensionArray, np.
     ids = col.astype("str").array
     codes, uniques = pd.factorize(ids)
     return ids, codes.astype(np.int64, copy=False), pd.Index(uniques)
-
-
-def parse_timestamps(col: pd.Series, ids: np.ndarray | None = None) -> np.ndarray:
-    """`ds` as a tz-naive datetime64[ns] numpy array (tz-aware input is converted to UTC).
-
-    `ids` (the series id of each row) only serves the error message.
-    """
-    col = pd.Series(col)
-    if ids is None:
-        ids = pd.array(["series"] * len(col), dtype="str")
-    if pd.api.types.is_bool_dtype(col) or pd.api.types.is_numeric_dtype(col):
-        sid = str(ids[0])
-        raise InvalidTimestampsError(
-            f"{TIME} holds numbers (dtype {col.dtype}), expected timestamps such as "
-            f"'2024-01-01 00:00'; first value {col.iat[0]} in series {sid!r}",
-            series_id=sid,
-            field=TIME,
-        )
-    parsed = _to_datetime(col)
-    nat = parsed.isna().to_numpy()
-    if nat.any():
-        i = int(np.argmax(nat))
-        sid = str(ids[i])
-        raw = col.iat[i]
-        what = "is missing" if pd.isna(raw) else f"value {raw!r} is not a timestamp"
-        raise InvalidTimestampsError(
-            f"series {sid!r}: {TIME} {what} at row {i}; expected a timestamp such as "
-            "'2024-01-01 00:00'",
-            series_id=sid,
-            field=TIME,
-        )
-    if isinstance(parsed.dtype, pd.DatetimeTZDtype):
-        parsed = parsed.dt.tz_convert("UTC").dt.tz_localize(None)
-    try:
-        # astype checks the bounds; to_numpy(dtype=...) would silently wrap around.
-        return parsed.astype("datetime64[ns]").to_numpy()
-    except (OverflowError, ValueError, pd.errors.OutOfBoundsDatetime) as exc:
-        raise InvalidTimestampsError(
-            f"{TIME} holds timestamps outside 1677-09-22..2262-04-11: {exc}", field=TIME
-        ) from None
-
-
-def _to_datetime(col: pd.Series) -> pd.Series:
-    if pd.api.types.is_datetime64_any_dtype(col):
-        return col
-    # Inferred format first (fast, consistent input); ISO 8601 covers "2024-01-01" mixed with
-    # "2024-01-01 01:00"; "mixed" parses element by element, only reached for odd input.
-    parsed = None
-    for fmt in (None, "ISO8601", "mixed"):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                attempt = pd.to_datetime(col, errors="coerce", format=fmt)
-        except (ValueError, TypeError, OverflowError):
-            continue
-        if parsed is None or attempt.isna().sum() < parsed.isna().sum():
-            parsed = attempt
-        if not (parsed.isna() & col.notna()).any():
-            break
-    if parsed is None:  # every attempt raised (e.g. a column of mixed tz offsets)
-        raise InvalidTimestampsError(
-            f"{TIME} could not be parsed as timestamps (dtype {col.dtype}); expected values such "
-            "as '2024-01-01 00:00' in one time zone",
-            field=TIME,
-        )
-    return parsed
 
 
 def _as_float(
@@ -486,33 +413,6 @@ def _check_length(
         )
 
 
-def parse_freq(freq: str) -> BaseOffset:
-    """The pandas offset of an alias, or `FrequencyInferenceError` naming the bad alias."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return to_offset(freq)
-    except (ValueError, TypeError) as exc:
-        raise FrequencyInferenceError(
-            f"freq: {freq!r} is not a pandas offset alias (expected e.g. 'h', 'D', '15min', "
-            f"'MS'): {exc}",
-            field="freq",
-        ) from None
-
-
-def _fixed_nanos(offset: BaseOffset) -> int | None:
-    try:
-        return int(offset.nanos)
-    except ValueError:
-        return None
-
-
-def _add_offset(dti: pd.DatetimeIndex, offset: BaseOffset) -> pd.DatetimeIndex:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # PerformanceWarning for offsets without a fast path
-        return dti + offset
-
-
 def _check_frequency(
     codes: np.ndarray,
     ds_i8: np.ndarray,
@@ -523,7 +423,7 @@ def _check_frequency(
 ) -> BaseOffset:
     """The offset every series follows, checking each one is on it (without gaps unless
     `allow_gaps`: then only timestamps off the grid are errors)."""
-    offset = parse_freq(freq) if freq is not None else _infer_offset(ds_i8, same, uniques, codes)
+    offset = parse_freq(freq) if freq is not None else infer_offset(ds_i8, same, uniques, codes)
     bad = _off_grid(ds_i8, same, offset, allow_gaps)
     if bad is None:
         return offset
@@ -547,11 +447,11 @@ def _check_frequency(
             series_id=sid,
             field=TIME,
         )
-    nanos = _fixed_nanos(offset)
+    nanos = fixed_nanos(offset)
     if nanos is not None:
         on_grid = (ds_i8[i] - ds_i8[i - 1]) % nanos == 0
     else:
-        on_grid = _add_offset(_add_offset(pd.DatetimeIndex([found]), offset), -offset)[0] == found
+        on_grid = add_offset(add_offset(pd.DatetimeIndex([found]), offset), -offset)[0] == found
     kind = "gap" if found > expected and on_grid else "off-grid point"
     raise IrregularTimestampsError(
         f"series {sid!r}: {kind} after {pd.Timestamp(ds_i8[i - 1])}: expected {expected} at "
@@ -568,7 +468,7 @@ def _off_grid(
 
     With `allow_gaps`, a row may be any whole number of steps after the previous one.
     """
-    nanos = _fixed_nanos(offset)
+    nanos = fixed_nanos(offset)
     if nanos is not None:
         step = np.diff(ds_i8)
         wrong = ((step % nanos != 0) if allow_gaps else (step != nanos)) & same
@@ -579,9 +479,9 @@ def _off_grid(
     dti = pd.DatetimeIndex(ds_i8.view("datetime64[ns]"))
     # Anchored offsets (month starts, Mondays, business days): each timestamp must be on the
     # anchor; x + offset - offset == x exactly when it is.
-    anchored = _add_offset(_add_offset(dti, offset), -offset).asi8 != ds_i8
+    anchored = add_offset(add_offset(dti, offset), -offset).asi8 != ds_i8
     nxt = np.zeros(ds_i8.size, dtype=bool)
-    expected_next = _add_offset(dti[:-1], offset).asi8
+    expected_next = add_offset(dti[:-1], offset).asi8
     nxt[1:] = (expected_next != ds_i8[1:]) & same
     first_anchor = int(np.argmax(anchored)) if anchored.any() else None
     first_next = int(np.argmax(nxt)) if nxt.any() and not allow_gaps else None
@@ -612,7 +512,7 @@ def _fill_gaps(
     timestamps and value columns with the new rows in place.
     """
     ds_i8 = ds.view(np.int64)
-    nanos = _fixed_nanos(offset)
+    nanos = fixed_nanos(offset)
     starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
     ends = np.r_[starts[1:], len(codes)]
     if nanos is not None:
@@ -673,62 +573,7 @@ def _series_offset(ds_i8: np.ndarray) -> BaseOffset | None:
         return None
     same = np.ones(ds_i8.size - 1, dtype=bool)
     try:
-        offset = _infer_offset(ds_i8, same, pd.Index(["series"]), np.zeros(ds_i8.size, np.int64))
+        offset = infer_offset(ds_i8, same, pd.Index(["series"]), np.zeros(ds_i8.size, np.int64))
     except FrequencyInferenceError:
         return None
     return offset if _off_grid(ds_i8, same, offset) is None else None
-
-
-def _infer_offset(
-    ds_i8: np.ndarray, same: np.ndarray, uniques: pd.Index, codes: np.ndarray
-) -> BaseOffset:
-    """Guess the offset from the most common step between consecutive timestamps."""
-    diffs = np.diff(ds_i8)[same]
-    if diffs.size == 0:
-        sid = str(uniques[0])
-        raise FrequencyInferenceError(
-            f"cannot infer a frequency: every series has a single timestamp (e.g. {sid!r}); "
-            "pass freq explicitly or give at least two points per series",
-            series_id=sid,
-            field=TIME,
-        )
-    steps, counts = np.unique(diffs, return_counts=True)
-    step = int(steps[np.argmax(counts)])
-    if step % _DAY_NS:
-        return to_offset(pd.Timedelta(step, unit="ns"))
-    days = step // _DAY_NS
-    first = pd.Timestamp(ds_i8[0])
-    if days == 1:
-        weekday = (ds_i8 // _DAY_NS + 3) % 7  # 1970-01-01 was a Thursday; Monday is 0
-        if not (weekday >= 5).any() and (diffs == 3 * _DAY_NS).any():
-            return to_offset("B")
-        return to_offset("D")
-    if days == 7:
-        return to_offset(f"W-{_WEEKDAYS[first.dayofweek]}")
-    for low, high, months in ((28, 31, 1), (89, 92, 3), (365, 366, 12)):
-        if low <= days <= high:
-            return _calendar_offset(first, months, str(uniques[codes[0]]))
-    return to_offset(f"{days}D")
-
-
-def _calendar_offset(first: pd.Timestamp, months: int, sid: str) -> BaseOffset:
-    """Month, quarter or year offset anchored where the data is (start or end of month)."""
-    if first.is_month_start:
-        if months == 1:
-            return to_offset("MS")
-        if months == 3:
-            return to_offset(f"QS-{_MONTHS[(first.month - 1) % 3]}")
-        return to_offset(f"YS-{_MONTHS[first.month - 1]}")
-    if first.is_month_end:
-        if months == 1:
-            return to_offset("ME")
-        if months == 3:
-            return to_offset(f"QE-{_MONTHS[11 - (12 - first.month) % 3]}")
-        return to_offset(f"YE-{_MONTHS[first.month - 1]}")
-    unit = {1: "monthly", 3: "quarterly", 12: "yearly"}[months]
-    raise FrequencyInferenceError(
-        f"series {sid!r} looks {unit} but its timestamps fall on day {first.day} of the month "
-        f"(e.g. {first}); expected month starts or month ends, e.g. '2024-01-01' or '2024-01-31'",
-        series_id=sid,
-        field=TIME,
-    )

@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 
 from forecaster.config import ModelConfig
-from forecaster.features import CALENDAR_FEATURES, calendar_features
+from forecaster.time_axis import CALENDAR_FEATURES, calendar_features
 
 
 @dataclass

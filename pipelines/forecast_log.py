@@ -33,9 +33,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from forecaster.columns import ID, TIME
 from forecaster.data import quantile_column
 from forecaster.metrics import quantiles_in
-from forecaster.validation import ID, TIME, parse_timestamps
+from forecaster.time_axis import parse_timestamps
 
 logger = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from forecaster.features import season_length
 from forecaster.metrics import mase_scales, metric_by_group
 from forecaster.plotting import plot_metric_over_time
+from forecaster.time_axis import season_length
 from forecaster.validation import ID, TARGET, TIME
 from pipelines.forecast_log import empty_log, read_log
 from pipelines.ingest import IngestResult

@@ -1,4 +1,4 @@
-"""Calendar features, seasonal periods and future timestamps."""
+"""The time axis: calendar features, seasonal periods, future timestamps, range checks."""
 
 from __future__ import annotations
 
@@ -6,12 +6,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forecaster.errors import FrequencyInferenceError, InvalidConfigError
-from forecaster.features import (
+from forecaster.errors import FrequencyInferenceError, InvalidConfigError, InvalidTimestampsError
+from forecaster.time_axis import (
     CALENDAR_FEATURES,
     calendar_features,
-    future_timestamps,
+    parse_timestamps,
+    regular_range,
     season_length,
+    shift,
+    steps_after,
 )
 
 
@@ -63,19 +66,47 @@ def test_season_length(freq, expected):
     assert season_length(freq) == expected
 
 
-def test_future_timestamps():
-    assert future_timestamps(pd.Timestamp("2024-01-01 23:00"), "h", 2).tolist() == [
+def _after(last: str, freq: str, horizon: int) -> list[pd.Timestamp]:
+    return [
+        pd.Timestamp(t) for t in steps_after(np.array([last], "datetime64[ns]"), freq, horizon)[0]
+    ]
+
+
+def test_steps_after():
+    assert _after("2024-01-01 23:00", "h", 2) == [
         pd.Timestamp("2024-01-02 00:00"),
         pd.Timestamp("2024-01-02 01:00"),
     ]
-    assert future_timestamps(pd.Timestamp("2024-01-01"), "MS", 2).tolist() == [
-        pd.Timestamp("2024-02-01"),
-        pd.Timestamp("2024-03-01"),
-    ]
-    friday = pd.Timestamp("2024-01-05")
-    assert future_timestamps(friday, "B", 1)[0] == pd.Timestamp("2024-01-08")
-    assert future_timestamps(friday, "h", 3).dtype == "datetime64[ns]"
+    assert _after("2024-01-01", "MS", 2) == [pd.Timestamp("2024-02-01"), pd.Timestamp("2024-03-01")]
+    assert _after("2024-01-05", "B", 1) == [pd.Timestamp("2024-01-08")]  # a Friday
+    last = np.array(["2024-01-01", "2024-02-01"], "datetime64[ns]")
+    out = steps_after(last, "h", 3)
+    assert out.shape == (2, 3) and out.dtype == "datetime64[ns]"
     with pytest.raises(InvalidConfigError):
-        future_timestamps(friday, "h", 0)
+        steps_after(last, "h", 0)
     with pytest.raises(FrequencyInferenceError):
-        future_timestamps(friday, "sometimes", 3)
+        steps_after(last, "sometimes", 3)
+
+
+@pytest.mark.parametrize("freq", ["h", "D", "MS", "B"])
+def test_steps_past_the_range_are_errors_not_wrapped(freq):
+    last = np.array(["2262-04-01"], "datetime64[ns]")
+    with pytest.raises(InvalidTimestampsError, match="2262-04-11"):
+        steps_after(last, freq, 24 * 30)
+
+
+def test_shifting_back_before_the_range_is_an_error():
+    with pytest.raises(InvalidTimestampsError, match="outside"):
+        shift(np.array(["1677-09-25"], "datetime64[ns]"), "D", -10)
+
+
+def test_regular_range_and_parse_timestamps_check_the_range():
+    # An aware start is converted to UTC, as every timestamp is.
+    got = regular_range("2024-01-01T00:00:00+01:00", 2, "h")
+    np.testing.assert_array_equal(
+        got, np.array(["2023-12-31T23:00", "2024-01-01T00:00"], "datetime64[ns]")
+    )
+    with pytest.raises(InvalidTimestampsError):
+        regular_range("2262-04-01", 24 * 30, "h")
+    with pytest.raises(InvalidTimestampsError):
+        parse_timestamps(pd.Series(["9016-01-01"]))

@@ -1,0 +1,353 @@
+"""The time axis, in one place: timestamps, frequencies, the steps after a series' end, and the
+calendar features and seasonal periods a frequency implies.
+
+Inside the package every timestamp is tz-naive ``datetime64[ns]`` (aware input is converted to
+UTC) within pandas' nanosecond range, 1677-09-22 .. 2262-04-11: a timestamp, or a forecast step,
+outside it is an ``InvalidTimestampsError`` naming it, never a silent wrap-around.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from datetime import datetime
+
+import numpy as np
+import pandas as pd
+from pandas.tseries.frequencies import to_offset
+from pandas.tseries.offsets import (
+    BaseOffset,
+    BusinessDay,
+    MonthBegin,
+    MonthEnd,
+    QuarterBegin,
+    QuarterEnd,
+    Week,
+    YearBegin,
+    YearEnd,
+)
+
+from forecaster.columns import TIME
+from forecaster.errors import FrequencyInferenceError, InvalidConfigError, InvalidTimestampsError
+
+# Fixed set and order: the model's covariate width depends on it. Each is scaled to
+# [-0.5, 0.5] as GluonTS's time features are, so every frequency gets the same inputs.
+CALENDAR_FEATURES = (
+    "minute_of_hour",
+    "hour_of_day",
+    "day_of_week",
+    "day_of_month",
+    "day_of_year",
+    "month_of_year",
+)
+RANGE = f"{pd.Timestamp.min.date()}..{pd.Timestamp.max.date()}"
+
+_DAY_NS = 86_400 * 10**9
+_WEEKDAYS = ("MON", "TUE", "WED", "THU", "FRI", "SAT", "SUN")
+_MONTHS = ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")
+# Aliases pandas 3 no longer accepts, mapped to their current spelling.
+_LEGACY = {"M": "ME", "Q": "QE", "Y": "YE", "A": "YE", "H": "h", "T": "min", "S": "s"}
+_LEGACY_RE = re.compile(r"^(\d*)(M|Q|Y|A|H|T|S)(-[A-Za-z]+)?$")
+
+
+# -- timestamps ---------------------------------------------------------------------------------
+
+
+def parse_timestamps(col: pd.Series, ids: np.ndarray | None = None) -> np.ndarray:
+    """`ds` as a tz-naive datetime64[ns] numpy array (tz-aware input is converted to UTC).
+
+    `ids` (the series id of each row) only serves the error message.
+    """
+    col = pd.Series(col)
+    if ids is None:
+        ids = pd.array(["series"] * len(col), dtype="str")
+    if pd.api.types.is_bool_dtype(col) or pd.api.types.is_numeric_dtype(col):
+        sid = str(ids[0])
+        raise InvalidTimestampsError(
+            f"{TIME} holds numbers (dtype {col.dtype}), expected timestamps such as "
+            f"'2024-01-01 00:00'; first value {col.iat[0]} in series {sid!r}",
+            series_id=sid,
+            field=TIME,
+        )
+    parsed = _to_datetime(col)
+    nat = parsed.isna().to_numpy()
+    if nat.any():
+        i = int(np.argmax(nat))
+        sid = str(ids[i])
+        raw = col.iat[i]
+        what = "is missing" if pd.isna(raw) else f"value {raw!r} is not a timestamp"
+        raise InvalidTimestampsError(
+            f"series {sid!r}: {TIME} {what} at row {i}; expected a timestamp such as "
+            "'2024-01-01 00:00'",
+            series_id=sid,
+            field=TIME,
+        )
+    if isinstance(parsed.dtype, pd.DatetimeTZDtype):
+        parsed = parsed.dt.tz_convert("UTC").dt.tz_localize(None)
+    try:
+        # astype checks the bounds; to_numpy(dtype=...) would silently wrap around.
+        return parsed.astype("datetime64[ns]").to_numpy()
+    except (OverflowError, ValueError, pd.errors.OutOfBoundsDatetime) as exc:
+        raise InvalidTimestampsError(
+            f"{TIME} holds timestamps outside 1677-09-22..2262-04-11: {exc}", field=TIME
+        ) from None
+
+
+def _to_datetime(col: pd.Series) -> pd.Series:
+    if pd.api.types.is_datetime64_any_dtype(col):
+        return col
+    # Inferred format first (fast, consistent input); ISO 8601 covers "2024-01-01" mixed with
+    # "2024-01-01 01:00"; "mixed" parses element by element, only reached for odd input.
+    parsed = None
+    for fmt in (None, "ISO8601", "mixed"):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                attempt = pd.to_datetime(col, errors="coerce", format=fmt)
+        except (ValueError, TypeError, OverflowError):
+            continue
+        if parsed is None or attempt.isna().sum() < parsed.isna().sum():
+            parsed = attempt
+        if not (parsed.isna() & col.notna()).any():
+            break
+    if parsed is None:  # every attempt raised (e.g. a column of mixed tz offsets)
+        raise InvalidTimestampsError(
+            f"{TIME} could not be parsed as timestamps (dtype {col.dtype}); expected values such "
+            "as '2024-01-01 00:00' in one time zone",
+            field=TIME,
+        )
+    return parsed
+
+
+def regular_range(start: datetime | str | pd.Timestamp, periods: int, freq: str) -> np.ndarray:
+    """``periods`` timestamps from ``start`` on ``freq``, as ``datetime64[ns]``."""
+    first = parse_timestamps(pd.Series([start]))
+    return (
+        np.concatenate([first, shift(first, freq, np.arange(1, periods))])
+        if periods > 1
+        else first[:periods]
+    )
+
+
+def steps_after(last: np.ndarray, freq: str, horizon: int) -> np.ndarray:
+    """(S, horizon) timestamps of the steps after each of S last timestamps, on ``freq``."""
+    if horizon < 1:
+        raise InvalidConfigError(f"horizon: expected >= 1, got {horizon}", field="horizon")
+    last = np.asarray(last, dtype="datetime64[ns]").reshape(-1)
+    return shift(last[:, None], freq, np.arange(1, horizon + 1)[None, :])
+
+
+def shift(timestamps: np.ndarray, freq: str, steps: np.ndarray | int) -> np.ndarray:
+    """``timestamps`` moved by ``steps`` periods of ``freq`` (broadcast), as datetime64[ns].
+
+    Raises InvalidTimestampsError when a result falls outside pandas' range.
+    """
+    offset = parse_freq(freq)
+    ts = np.asarray(timestamps, dtype="datetime64[ns]")
+    steps = np.asarray(steps, dtype=np.int64)
+    shape = np.broadcast_shapes(ts.shape, steps.shape)
+    nanos = fixed_nanos(offset)
+    if nanos is not None:
+        # Python ints: exact, so an overflow is detected instead of wrapping around.
+        start = ts.astype(np.int64).astype(object)
+        moved = start + steps.astype(object) * nanos
+        flat = np.broadcast_to(moved, shape).reshape(-1)
+        low, high = pd.Timestamp.min.value, pd.Timestamp.max.value
+        outside = [i for i, value in enumerate(flat) if not low <= value <= high]
+        if outside:
+            i = outside[0]
+            origin = np.broadcast_to(ts, shape).reshape(-1)[i]
+            n = int(np.broadcast_to(steps, shape).reshape(-1)[i])
+            raise _out_of_range(origin, n, offset)
+        return np.array(flat, dtype=np.int64).view("datetime64[ns]").reshape(shape)
+    # Calendar offsets (months, business days) are not fixed durations: one step at a time.
+    ts_b = np.broadcast_to(ts, shape).reshape(-1)
+    steps_b = np.broadcast_to(steps, shape).reshape(-1)
+    out = np.empty(ts_b.size, dtype="datetime64[ns]")
+    for n in np.unique(steps_b):
+        rows = steps_b == n
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                moved = pd.DatetimeIndex(ts_b[rows]) + int(n) * offset
+            out[rows] = moved.as_unit("ns").to_numpy()
+        except (OverflowError, pd.errors.OutOfBoundsDatetime, ValueError):
+            raise _out_of_range(ts_b[rows][0], int(n), offset) from None
+    return out.reshape(shape)
+
+
+def _out_of_range(origin: np.datetime64, steps: int, offset: BaseOffset) -> InvalidTimestampsError:
+    return InvalidTimestampsError(
+        f"{TIME}: {steps} step(s) of {offset.freqstr!r} from {pd.Timestamp(origin)} fall outside "
+        f"the supported range {RANGE}",
+        field=TIME,
+    )
+
+
+# -- frequencies --------------------------------------------------------------------------------
+
+
+def parse_freq(freq: str) -> BaseOffset:
+    """The pandas offset of an alias (older spellings such as "H" or "M" accepted), or
+    `FrequencyInferenceError` naming the bad alias."""
+    match = _LEGACY_RE.match(str(freq))
+    if match is not None:
+        n, alias, anchor = match.groups()
+        freq = f"{n}{_LEGACY[alias]}{anchor or ''}"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return to_offset(freq)
+    except (ValueError, TypeError) as exc:
+        raise FrequencyInferenceError(
+            f"freq: {freq!r} is not a pandas offset alias (expected e.g. 'h', 'D', '15min', "
+            f"'MS'): {exc}",
+            field="freq",
+        ) from None
+
+
+def fixed_nanos(offset: BaseOffset) -> int | None:
+    try:
+        return int(offset.nanos)
+    except ValueError:
+        return None
+
+
+def add_offset(dti: pd.DatetimeIndex, offset: BaseOffset) -> pd.DatetimeIndex:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PerformanceWarning for offsets without a fast path
+        return dti + offset
+
+
+def infer_offset(
+    ds_i8: np.ndarray, same: np.ndarray, uniques: pd.Index, codes: np.ndarray
+) -> BaseOffset:
+    """Guess the offset from the most common step between consecutive timestamps."""
+    diffs = np.diff(ds_i8)[same]
+    if diffs.size == 0:
+        sid = str(uniques[0])
+        raise FrequencyInferenceError(
+            f"cannot infer a frequency: every series has a single timestamp (e.g. {sid!r}); "
+            "pass freq explicitly or give at least two points per series",
+            series_id=sid,
+            field=TIME,
+        )
+    steps, counts = np.unique(diffs, return_counts=True)
+    step = int(steps[np.argmax(counts)])
+    if step % _DAY_NS:
+        return to_offset(pd.Timedelta(step, unit="ns"))
+    days = step // _DAY_NS
+    first = pd.Timestamp(ds_i8[0])
+    if days == 1:
+        weekday = (ds_i8 // _DAY_NS + 3) % 7  # 1970-01-01 was a Thursday; Monday is 0
+        if not (weekday >= 5).any() and (diffs == 3 * _DAY_NS).any():
+            return to_offset("B")
+        return to_offset("D")
+    if days == 7:
+        return to_offset(f"W-{_WEEKDAYS[first.dayofweek]}")
+    for low, high, months in ((28, 31, 1), (89, 92, 3), (365, 366, 12)):
+        if low <= days <= high:
+            return _calendar_offset(first, months, str(uniques[codes[0]]))
+    return to_offset(f"{days}D")
+
+
+def _calendar_offset(first: pd.Timestamp, months: int, sid: str) -> BaseOffset:
+    """Month, quarter or year offset anchored where the data is (start or end of month)."""
+    if first.is_month_start:
+        if months == 1:
+            return to_offset("MS")
+        if months == 3:
+            return to_offset(f"QS-{_MONTHS[(first.month - 1) % 3]}")
+        return to_offset(f"YS-{_MONTHS[first.month - 1]}")
+    if first.is_month_end:
+        if months == 1:
+            return to_offset("ME")
+        if months == 3:
+            return to_offset(f"QE-{_MONTHS[11 - (12 - first.month) % 3]}")
+        return to_offset(f"YE-{_MONTHS[first.month - 1]}")
+    unit = {1: "monthly", 3: "quarterly", 12: "yearly"}[months]
+    raise FrequencyInferenceError(
+        f"series {sid!r} looks {unit} but its timestamps fall on day {first.day} of the month "
+        f"(e.g. {first}); expected month starts or month ends, e.g. '2024-01-01' or '2024-01-31'",
+        series_id=sid,
+        field=TIME,
+    )
+
+
+# -- what a frequency implies ------------------------------------------------------------------
+
+
+def calendar_features(ds: pd.DatetimeIndex | pd.Series | np.ndarray) -> np.ndarray:
+    """(T, 6) float32 array of `CALENDAR_FEATURES` for each timestamp, each in [-0.5, 0.5]."""
+    index = pd.DatetimeIndex(np.asarray(ds, dtype="datetime64[ns]"))
+    out = np.empty((len(index), len(CALENDAR_FEATURES)), dtype=np.float32)
+    out[:, 0] = index.minute / 59.0 - 0.5
+    out[:, 1] = index.hour / 23.0 - 0.5
+    out[:, 2] = index.dayofweek / 6.0 - 0.5
+    out[:, 3] = (index.day - 1) / 30.0 - 0.5
+    out[:, 4] = (index.dayofyear - 1) / 365.0 - 0.5
+    out[:, 5] = (index.month - 1) / 11.0 - 0.5
+    return out
+
+
+def season_length(freq: str) -> int:
+    """The main seasonal period of a frequency, in steps; 1 when there is none or it is unknown.
+
+    Sub-daily frequencies get the daily cycle (h -> 24, 30min -> 48, 15min -> 96, capped at
+    1440 steps), daily -> 7 (weekly cycle), business daily -> 5, weekly -> 52,
+    monthly -> 12, quarterly -> 4, yearly -> 1.
+    """
+    try:
+        offset = parse_freq(freq)
+    except FrequencyInferenceError:
+        return 1
+    n = max(abs(offset.n), 1)
+    per_year = {
+        MonthBegin: 12,
+        MonthEnd: 12,
+        QuarterBegin: 4,
+        QuarterEnd: 4,
+        YearBegin: 1,
+        YearEnd: 1,
+    }
+    for kind, steps in per_year.items():
+        if isinstance(offset, kind):
+            return steps // n if steps % n == 0 else 1
+    if isinstance(offset, BusinessDay):
+        return 5 if n == 1 else 1
+    if isinstance(offset, Week):
+        return 52 if n == 1 else 1
+    try:
+        nanos = int(offset.nanos)
+    except ValueError:
+        return 1
+    if nanos == _DAY_NS:
+        return 7
+    if nanos < _DAY_NS and _DAY_NS % nanos == 0:
+        steps = _DAY_NS // nanos
+        if steps <= 1440:
+            return int(steps)
+        minute = 60 * 10**9
+        return int(minute // nanos) if minute % nanos == 0 else 1
+    return 1
+
+
+# Bounds on steps per token: shorter patches make too many tokens for a long context, longer ones
+# too few for a short series.
+_MIN_PATCH, _MAX_PATCH, _DEFAULT_PATCH = 4, 48, 16
+
+
+def patch_length_for(freq: str | None) -> int:
+    """Steps per model token for data of `freq`: its main seasonal period, so that each token
+    is one cycle (24 for hourly, 7 for daily, 12 for monthly data).
+
+    A period above 48 steps uses its largest divisor up to 48 (quarter-hourly 96 -> 48, weekly
+    52 -> 26); data with no cycle of at least 4 steps uses 16 (PatchTST's patch).
+    """
+    m = season_length(freq) if freq is not None else 1
+    if m < _MIN_PATCH:
+        return _DEFAULT_PATCH
+    if m <= _MAX_PATCH:
+        return m
+    divisor = max(d for d in range(1, _MAX_PATCH + 1) if m % d == 0)
+    return divisor if divisor >= _MIN_PATCH else _DEFAULT_PATCH

@@ -226,7 +226,9 @@ class Forecaster:
         batch = gather_windows(panel, panel.last_origins(), mc.context_length, 0)
         timestamps = validated.frame["ds"].to_numpy()
         last_timestamps = timestamps[panel.offsets[1:] - 1]
-        future_ds = steps_after(last_timestamps, self.freq, mc.prediction_length)  # (S, H)
+        future_ds = steps_after(  # (S, H)
+            last_timestamps, self.freq, mc.prediction_length, panel.series_ids
+        )
 
         future_cov = None
         if mc.n_covariates:

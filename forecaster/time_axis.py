@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from collections.abc import Sequence
 from datetime import datetime
 
 import numpy as np
@@ -41,6 +42,9 @@ CALENDAR_FEATURES = (
     "month_of_year",
 )
 RANGE = f"{pd.Timestamp.min.date()}..{pd.Timestamp.max.date()}"
+# The nanosecond range in whole microseconds (inside it by less than a microsecond).
+_MIN_US = np.datetime64(pd.Timestamp.min.ceil("us").to_datetime64(), "us")
+_MAX_US = np.datetime64(pd.Timestamp.max.floor("us").to_datetime64(), "us")
 
 _DAY_NS = 86_400 * 10**9
 _WEEKDAYS = ("MON", "TUE", "WED", "THU", "FRI", "SAT", "SUN")
@@ -119,6 +123,30 @@ def _to_datetime(col: pd.Series) -> pd.Series:
     return parsed
 
 
+def parse_iso(values: Sequence[str]) -> np.ndarray | None:
+    """Naive ISO 8601 strings as datetime64[ns] through numpy's fast parser; None when numpy
+    cannot read all of them (time zones, other formats: `parse_timestamps` then decides).
+
+    Parsed at microsecond precision first, where years up to 294247 fit, so that a value past
+    the nanosecond range is an error instead of wrapping around.
+    """
+    if not all(isinstance(v, str) for v in values):
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # numpy warns on time zones
+            coarse = np.array(values, dtype="datetime64[us]")
+    except (ValueError, TypeError, Warning):
+        return None
+    outside = (coarse < _MIN_US) | (coarse > _MAX_US)
+    if outside.any():
+        raise InvalidTimestampsError(
+            f"{TIME}: {values[int(np.argmax(outside))]!r} is outside the supported range {RANGE}",
+            field=TIME,
+        )
+    return coarse.astype("datetime64[ns]")
+
+
 def regular_range(start: datetime | str | pd.Timestamp, periods: int, freq: str) -> np.ndarray:
     """``periods`` timestamps from ``start`` on ``freq``, as ``datetime64[ns]``."""
     first = parse_timestamps(pd.Series([start]))
@@ -129,12 +157,32 @@ def regular_range(start: datetime | str | pd.Timestamp, periods: int, freq: str)
     )
 
 
-def steps_after(last: np.ndarray, freq: str, horizon: int) -> np.ndarray:
-    """(S, horizon) timestamps of the steps after each of S last timestamps, on ``freq``."""
+def steps_after(
+    last: np.ndarray, freq: str, horizon: int, series_ids: np.ndarray | None = None
+) -> np.ndarray:
+    """(S, horizon) timestamps of the steps after each of S last timestamps, on ``freq``.
+
+    ``series_ids`` (S,) lets an out-of-range error name the series.
+    """
     if horizon < 1:
         raise InvalidConfigError(f"horizon: expected >= 1, got {horizon}", field="horizon")
     last = np.asarray(last, dtype="datetime64[ns]").reshape(-1)
-    return shift(last[:, None], freq, np.arange(1, horizon + 1)[None, :])
+    try:
+        return shift(last[:, None], freq, np.arange(1, horizon + 1)[None, :])
+    except InvalidTimestampsError as exc:
+        if series_ids is None:
+            raise
+        # Only on the error path: find the first series whose last step is out of range.
+        for k, sid in enumerate(series_ids):
+            try:
+                shift(last[k : k + 1], freq, horizon)
+            except InvalidTimestampsError:
+                raise InvalidTimestampsError(
+                    f"series {str(sid)!r}: the forecast would run past the supported range: {exc}",
+                    series_id=str(sid),
+                    field=TIME,
+                ) from None
+        raise
 
 
 def shift(timestamps: np.ndarray, freq: str, steps: np.ndarray | int) -> np.ndarray:

@@ -8,6 +8,7 @@ answers in MLflow's scoring-server shape instead (`error_code`, `message`), so c
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -104,6 +105,16 @@ def error_body(
     return {"detail": message, "error": kind, "field": field, "series_id": series_id, **extra}
 
 
+class SafeJSONResponse(JSONResponse):
+    """JSON with non-ASCII escaped: a lone surrogate a client sent (in an id, a field name)
+    is echoed as its escape instead of failing to encode as UTF-8."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(
+            content, ensure_ascii=True, allow_nan=False, separators=(",", ":")
+        ).encode()
+
+
 def _respond(
     request: Request,
     status: int,
@@ -114,12 +125,12 @@ def _respond(
         # MLflow's scoring server answers input problems with 400 BAD_REQUEST.
         code = "BAD_REQUEST" if status < 500 else "INTERNAL_ERROR"
         mlflow_status = 400 if status == 422 else status
-        return JSONResponse(
+        return SafeJSONResponse(
             {"error_code": code, "message": body["detail"], **body},
             status_code=mlflow_status,
             headers=headers,
         )
-    return JSONResponse(body, status_code=status, headers=headers)
+    return SafeJSONResponse(body, status_code=status, headers=headers)
 
 
 def describe_input_error(exc: ForecasterInputError) -> str:

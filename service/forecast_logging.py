@@ -28,13 +28,17 @@ logger = logging.getLogger(__name__)
 class ServiceForecastLog:
     """Records served forecasts into a ``ForecastLog`` and flushes it periodically."""
 
-    def __init__(self, directory: Path, metrics: ServiceMetrics, *, flush_s: float, retention_days: float):
+    def __init__(
+        self, directory: Path, metrics: ServiceMetrics, *, flush_s: float, retention_days: float
+    ):
         self.log = ForecastLog(directory, retention_days=retention_days)
         self.metrics = metrics
         self.flush_s = flush_s
 
     @classmethod
-    def from_settings(cls, settings: ServiceSettings, metrics: ServiceMetrics) -> ServiceForecastLog | None:
+    def from_settings(
+        cls, settings: ServiceSettings, metrics: ServiceMetrics
+    ) -> ServiceForecastLog | None:
         if not settings.forecast_log:
             return None
         assert settings.forecast_log_dir is not None  # set by the settings' validator

@@ -1,12 +1,10 @@
-"""Online inference: requests become long frames, concurrent requests share one `predict` call.
+"""Online inference: each request is validated alone, then requests share one forward pass.
 
-Everything here runs in the inference thread (never on the event loop): building the frames,
-the model call, slicing each request's rows back out, and encoding each response body.
-
-Merging requests into one call on the concatenated long frame keeps the core's validation
-rules the only ones: each request is validated there, once. When one request in a merged batch
-is bad, the core names its (prefixed) series; that request alone is re-run to raise the error
-with the caller's own series id, and the others are predicted without it.
+Everything here runs in the inference thread (never on the event loop): building a request's
+columns, the core's validation of that request alone (`Forecaster.prepare`), one forward pass
+over the concatenated tensors of every valid request (`Forecaster.forecast`), cutting each
+request's forecast back out, and encoding each response body. A request that fails
+validation fails alone; series ids are carried as given, never rewritten.
 """
 
 from __future__ import annotations
@@ -15,7 +13,6 @@ import json
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -23,34 +20,21 @@ import pandas as pd
 
 from forecaster.data import quantile_column
 from forecaster.errors import ForecasterInputError, SeriesTooShortError
+from forecaster.forecaster import ModelInputs
+from forecaster.outputs import ForecastArrays
+from forecaster.time_axis import parse_timestamps, regular_range, steps_after
 from service.errors import InvalidInputError
 from service.model_manager import ServedModel
-from service.schemas import ForecastRequest
+from service.schemas import ForecastRequest, SeriesIn
 
-# Separates a request's index from a series id in the merged frame; ids cannot contain it
-# because JSON callers would have to send a control character on purpose.
-_SEP = "\x1f"
 _CORE_FIELD = {"y": "values", "ds": "timestamps", "unique_id": "id", "freq": "freq"}
-
-
-@dataclass(frozen=True)
-class ItemForecast:
-    """One request's share of a merged forecast: S series, H steps."""
-
-    model: ServedModel
-    series_ids: list[str]
-    timestamps: np.ndarray  # (S, H) datetime64[ns]
-    mean: np.ndarray  # (S, H)
-    quantiles: dict[float, np.ndarray]  # q -> (S, H)
-    parts: FrameParts  # the request's own frame (for attention)
-
 
 Columns = dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)
 class FrameParts:
-    """A request's long frame as numpy columns: merging many requests costs one DataFrame."""
+    """A request's long frame as numpy columns (history, and future covariates if any)."""
 
     history: Columns
     future: Columns | None = None
@@ -59,13 +43,91 @@ class FrameParts:
         future = None if self.future is None else pd.DataFrame(self.future)
         return pd.DataFrame(self.history), future
 
+    def series(self) -> tuple[list[str], np.ndarray]:
+        """The series ids in order of first appearance and the rows of each (none without a
+        `unique_id` column: the core's validation names what is missing)."""
+        if "unique_id" not in self.history:
+            return [], np.zeros(0, dtype=np.int64)
+        codes, uniques = pd.factorize(pd.Series(self.history["unique_id"]).astype("str"))
+        return list(uniques), np.bincount(codes, minlength=len(uniques))
+
+    def split(self, max_series: int) -> list[FrameParts]:
+        """The same rows in parts of at most `max_series` series each, in series order."""
+        if "unique_id" not in self.history:
+            return [self]
+        ids = pd.Series(self.history["unique_id"]).astype("str")
+        codes, uniques = pd.factorize(ids)
+        if len(uniques) <= max_series:
+            return [self]
+        future_codes = None
+        if self.future is not None:
+            future_ids = pd.Series(self.future["unique_id"]).astype("str")
+            future_codes = pd.Index(uniques).get_indexer(future_ids)
+        parts = []
+        for first in range(0, len(uniques), max_series):
+            rows = (codes >= first) & (codes < first + max_series)
+            future = None
+            if self.future is not None:
+                keep = (future_codes >= first) & (future_codes < first + max_series)
+                future = {name: column[keep] for name, column in self.future.items()}
+            parts.append(FrameParts({n: c[rows] for n, c in self.history.items()}, future))
+        return parts
+
+    @staticmethod
+    def concat(parts: Sequence[FrameParts]) -> FrameParts:
+        def cat(columns: list[Columns]) -> Columns:
+            return {name: np.concatenate([c[name] for c in columns]) for name in columns[0]}
+
+        future = None if parts[0].future is None else cat([p.future for p in parts])
+        return FrameParts(cat([p.history for p in parts]), future)
+
+
+@dataclass(frozen=True)
+class ItemForecast:
+    """One request's forecast: S series, H steps, its quantile levels."""
+
+    model: ServedModel
+    arrays: ForecastArrays
+    parts: FrameParts  # the request's own columns (for attention and the forecast log)
+
+    @property
+    def series_ids(self) -> list[str]:
+        return [str(s) for s in self.arrays.series_ids]
+
+    @property
+    def timestamps(self) -> np.ndarray:  # (S, H) datetime64[ns]
+        return self.arrays.timestamps
+
+    @property
+    def mean(self) -> np.ndarray:  # (S, H)
+        return self.arrays.mean
+
+    @property
+    def quantiles(self) -> dict[float, np.ndarray]:  # level -> (S, H)
+        return {q: self.arrays.quantiles[:, :, k] for k, q in enumerate(self.arrays.levels)}
+
+    @staticmethod
+    def concat(chunks: Sequence[ItemForecast]) -> ItemForecast:
+        """The forecasts of a request that was split into chunks, in order."""
+        if len(chunks) == 1:
+            return chunks[0]
+        a = [c.arrays for c in chunks]
+        arrays = ForecastArrays(
+            np.concatenate([x.series_ids for x in a]),
+            np.concatenate([x.timestamps for x in a]),
+            np.concatenate([x.mean for x in a]),
+            np.concatenate([x.quantiles for x in a]),
+            a[0].levels,
+        )
+        return ItemForecast(chunks[0].model, arrays, FrameParts.concat([c.parts for c in chunks]))
+
 
 @dataclass
 class OnlineItem:
-    """One online request waiting for the model.
+    """One online request (or one chunk of a large one) waiting for the model.
 
-    `build` turns the request into its frame's columns in the inference thread;
-    `render` turns the forecast into the response body there too.
+    `build` turns it into columns in the inference thread; `render`, when given, turns the
+    forecast into the response body there too (otherwise the `ItemForecast` is returned).
     """
 
     model: ServedModel
@@ -73,7 +135,7 @@ class OnlineItem:
     quantiles: tuple[float, ...]
     n_series: int
     build: Callable[[], FrameParts]
-    render: Callable[[ItemForecast], bytes]
+    render: Callable[[ItemForecast], bytes] | None = None
     enqueued_at: float = 0.0
 
 
@@ -81,21 +143,10 @@ class ForecastNotFiniteError(InvalidInputError):
     """The history's magnitude overflows the model's float32 arithmetic."""
 
 
-# -- request -> frames -------------------------------------------------------------------------
+# -- request -> columns ------------------------------------------------------------------------
 
 
-def _naive_utc(t: datetime) -> datetime:
-    # As the core does for frames: aware timestamps are converted to UTC, then made naive.
-    return t.astimezone(UTC).replace(tzinfo=None) if t.tzinfo is not None else t
-
-
-def _timestamps(series: Any) -> pd.DatetimeIndex:
-    if series.timestamps is not None:
-        return pd.DatetimeIndex([_naive_utc(t) for t in series.timestamps])
-    return pd.date_range(_naive_utc(series.start), periods=len(series.values), freq=series.freq)
-
-
-def _frame_error(exc: Exception, index: int, series_id: str, field: str) -> InvalidInputError:
+def _series_error(exc: Exception, index: int, series_id: str, field: str) -> InvalidInputError:
     return InvalidInputError(
         f"series {series_id!r} (series[{index}].{field}): {exc}",
         field=f"series[{index}].{field}",
@@ -104,21 +155,25 @@ def _frame_error(exc: Exception, index: int, series_id: str, field: str) -> Inva
 
 
 def request_frames(
-    request: ForecastRequest, covariates: Sequence[str], horizon: int, model_freq: str | None
+    series: Sequence[SeriesIn],
+    covariates: Sequence[str],
+    horizon: int,
+    model_freq: str,
+    first_index: int = 0,
 ) -> FrameParts:
     """The history columns and, for models with covariates, the future covariate columns.
 
-    The future covariate timestamps follow the series' own frequency when it can be read from
-    the request, otherwise the model's (a history of one or two points, or one with gaps).
+    Timestamps go through the time axis (aware ones to UTC, the nanosecond range checked);
+    future covariates are stamped with the steps after each series' end on the model's
+    frequency, which the core checks the history against. `first_index` is the position of
+    `series[0]` in the request (for error messages about a chunk of a large request).
     """
     ids: list[np.ndarray] = []
     stamps: list[np.ndarray] = []
     values: list[np.ndarray] = []
     cov_past: dict[str, list[np.ndarray]] = {c: [] for c in covariates}
-    future_ids: list[np.ndarray] = []
-    future_stamps: list[np.ndarray] = []
     cov_future: dict[str, list[np.ndarray]] = {c: [] for c in covariates}
-    for i, s in enumerate(request.series):
+    for i, s in enumerate(series, start=first_index):
         n = len(s.values)
         if n == 0:  # a series without rows never reaches the frame the core validates
             raise SeriesTooShortError(
@@ -127,13 +182,17 @@ def request_frames(
                 field="y",
             )
         try:
-            ds = _timestamps(s)
-        except (ValueError, TypeError, OverflowError) as exc:
-            raise _frame_error(
-                exc, i, s.id, "freq" if s.timestamps is None else "timestamps"
-            ) from None
+            if s.timestamps is not None:
+                ds = parse_timestamps(pd.Series(s.timestamps, dtype=object))
+            else:
+                ds = regular_range(s.start, n, s.freq)
+        except ForecasterInputError as exc:
+            field = "timestamps"
+            if s.timestamps is None:
+                field = "freq" if exc.field == "freq" else "start"
+            raise _series_error(exc, i, s.id, field) from None
         ids.append(np.full(n, s.id, dtype=object))
-        stamps.append(ds.to_numpy(dtype="datetime64[ns]"))
+        stamps.append(ds)
         values.append(np.array(s.values, dtype=np.float64))  # None becomes NaN: the core says
         if not covariates:
             continue
@@ -158,14 +217,6 @@ def request_frames(
             arr = np.array(column, dtype=np.float64)
             cov_past[name].append(arr[:n])
             cov_future[name].append(arr[n:])
-        try:
-            future_ds = pd.date_range(
-                ds[-1], periods=horizon + 1, freq=_freq_of(s, ds, model_freq)
-            )[1:]
-        except (ValueError, TypeError) as exc:
-            raise _frame_error(exc, i, s.id, "timestamps") from None
-        future_ids.append(np.full(horizon, s.id, dtype=object))
-        future_stamps.append(future_ds.to_numpy(dtype="datetime64[ns]"))
     history = {
         "unique_id": np.concatenate(ids),
         "ds": np.concatenate(stamps),
@@ -174,9 +225,14 @@ def request_frames(
     }
     future = None
     if covariates:
+        last = np.array([st[-1] for st in stamps], dtype="datetime64[ns]")
+        try:
+            future_ds = steps_after(last, model_freq, horizon)  # (S, horizon)
+        except ForecasterInputError as exc:
+            raise InvalidInputError(f"series: {exc}", field="series") from None
         future = {
-            "unique_id": np.concatenate(future_ids),
-            "ds": np.concatenate(future_stamps),
+            "unique_id": np.repeat(np.array([s.id for s in series], dtype=object), horizon),
+            "ds": future_ds.reshape(-1),
             **{name: np.concatenate(parts) for name, parts in cov_future.items()},
         }
     return FrameParts(history, future)
@@ -184,19 +240,19 @@ def request_frames(
 
 def frame_parts(history: pd.DataFrame, future: pd.DataFrame | None = None) -> FrameParts:
     """The columns of frames a caller sent as frames (MLflow's formats)."""
+    for frame in (history, future):
+        if frame is None:
+            continue
+        repeated = sorted({str(c) for c in frame.columns[frame.columns.duplicated()]})
+        if repeated:
+            raise InvalidInputError(
+                f"columns {repeated} appear more than once; expected each exactly once",
+                field=repeated[0],
+            )
     return FrameParts(
         {str(c): history[c].to_numpy() for c in history.columns},
         None if future is None else {str(c): future[c].to_numpy() for c in future.columns},
     )
-
-
-def _freq_of(series: Any, ds: pd.DatetimeIndex, model_freq: str | None) -> str:
-    if series.freq is not None:
-        return series.freq
-    inferred = (pd.infer_freq(ds) if len(ds) >= 3 else None) or model_freq
-    if inferred is None:
-        raise ValueError("cannot infer the frequency for the future covariate timestamps")
-    return inferred
 
 
 def name_request_field(exc: ForecasterInputError, request: ForecastRequest) -> None:
@@ -215,196 +271,66 @@ def name_request_field(exc: ForecasterInputError, request: ForecastRequest) -> N
     exc.request_field = f"{prefix}.{name}" if name else prefix
 
 
-# -- merged prediction ---------------------------------------------------------------------------
+# -- validated alone, forecast together ------------------------------------------------------
 
 
 def predict_items(
     items: list[OnlineItem], on_forecast: Callable[[ItemForecast], None] | None = None
-) -> list[bytes | Exception]:
-    """Forecast every item, merging those that can share one `predict` call.
+) -> list[bytes | ItemForecast | Exception]:
+    """Forecast every item: each validated alone, all of one model in one forward pass.
 
     `on_forecast` sees each successful forecast before it is rendered (the forecast log).
     """
-    results: list[bytes | Exception] = [b""] * len(items)
-    built: dict[int, FrameParts] = {}
-    groups: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+    results: list[bytes | ItemForecast | Exception] = [b""] * len(items)
+    built: dict[int, tuple[FrameParts, ModelInputs]] = {}
+    groups: dict[int, list[int]] = defaultdict(list)
     for k, item in enumerate(items):
         try:
-            built[k] = item.build()
-        except Exception as exc:  # bad request content, reported to that request only
+            parts = item.build()
+            history, future = parts.frames()
+            inputs = item.model.forecaster.prepare(history, future, item.horizon)
+        except Exception as exc:  # this request's content: reported to it alone
             results[k] = exc
             continue
-        forecaster = item.model.forecaster
-        # Future covariates are checked against the requested horizon, so models that take
-        # them merge only requests of the same horizon; columns must line up to concatenate.
-        key_horizon = item.horizon if forecaster.model_config.covariates else None
-        parts = built[k]
-        key = (
-            id(forecaster),
-            key_horizon,
-            _layout(parts.history),
-            None if parts.future is None else _layout(parts.future),
-        )
-        groups[key].append(k)
+        built[k] = (parts, inputs)
+        groups[id(item.model.forecaster)].append(k)
     for members in groups.values():
-        forecasts = _predict_group([items[k] for k in members], [built[k] for k in members])
-        for k, forecast in zip(members, forecasts, strict=True):
-            if isinstance(forecast, Exception):
-                results[k] = forecast
-                continue
-            if on_forecast is not None:
-                on_forecast(forecast)
+        forecaster = items[members[0]].model.forecaster
+        try:
+            arrays = forecaster.forecast(ModelInputs.concat([built[k][1] for k in members]))
+        except Exception as exc:  # the model itself failed: every request of the pass
+            for k in members:
+                results[k] = exc
+            continue
+        start = 0
+        for k in members:
+            item, (parts, inputs) = items[k], built[k]
+            rows = arrays.rows(slice(start, start + len(inputs)))
+            start += len(inputs)
             try:
-                results[k] = items[k].render(forecast)
+                forecast = _item_forecast(item, rows, parts)
+                if on_forecast is not None:
+                    on_forecast(forecast)
+                results[k] = item.render(forecast) if item.render is not None else forecast
             except Exception as exc:
                 results[k] = exc
     return results
 
 
-def _layout(columns: Columns) -> tuple[tuple[str, str], ...]:
-    return tuple((name, arr.dtype.str) for name, arr in columns.items())
-
-
-def _predict_group(
-    items: list[OnlineItem], parts: list[FrameParts]
-) -> list[ItemForecast | Exception]:
-    forecaster = items[0].model.forecaster
-    horizon = max(item.horizon for item in items)
-    out: list[ItemForecast | Exception | None] = [None] * len(items)
-    pending = list(range(len(items)))
-    while pending:
-        merged = len(pending) > 1
-        history, counts = _merge([parts[k].history for k in pending], pending if merged else None)
-        future = None
-        if parts[pending[0]].future is not None:
-            future, _ = _merge([parts[k].future for k in pending], pending if merged else None)
-        try:
-            forecast = forecaster.predict(history, horizon=horizon, future_df=future)
-        except ForecasterInputError as exc:
-            culprit = _culprit(exc, pending) if merged else pending[0]
-            if culprit is None:
-                # The core could not say which series; run each request alone to find out.
-                for k in pending:
-                    out[k] = _predict_alone(items[k], parts[k], horizon)
-                break
-            out[culprit] = (
-                exc if not merged else _alone_error(items[culprit], parts[culprit], horizon)
-            )
-            pending.remove(culprit)
-            continue
-        _split(forecast, horizon, items, pending, parts, out, counts)
-        break
-    return [o if o is not None else RuntimeError("no forecast produced") for o in out]
-
-
-def _merge(columns: list[Any], prefixes: list[int] | None) -> tuple[pd.DataFrame, list[int] | None]:
-    """One frame from several requests' columns, and the number of series of each.
-
-    Series ids get their request's index as a prefix, so two requests may both send a series
-    called "a"; the ids are compared as text, as the core compares them.
-    """
-    if prefixes is None:
-        return pd.DataFrame(columns[0]), None
-    merged: dict[str, np.ndarray] = {}
-    counts: list[int] = []
-    for name in columns[0]:
-        if name == "unique_id":
-            renamed = []
-            for k, cols in zip(prefixes, columns, strict=True):
-                codes, uniques = pd.factorize(cols[name], use_na_sentinel=False)
-                text = [f"{k}{_SEP}{u}" for u in uniques]
-                counts.append(len(set(text)))
-                renamed.append(np.asarray(text, dtype=object)[codes])
-            merged[name] = np.concatenate(renamed)
-        else:
-            merged[name] = np.concatenate([cols[name] for cols in columns])
-    return pd.DataFrame(merged), counts
-
-
-def _culprit(exc: ForecasterInputError, pending: list[int]) -> int | None:
-    if exc.series_id is None or _SEP not in str(exc.series_id):
-        return None
-    head = str(exc.series_id).split(_SEP, 1)[0]
-    try:
-        k = int(head)
-    except ValueError:
-        return None
-    return k if k in pending else None
-
-
-def _alone_error(item: OnlineItem, parts: FrameParts, horizon: int) -> Exception:
-    result = _predict_alone(item, parts, horizon)
-    if isinstance(result, Exception):
-        return result
-    return RuntimeError("request failed in a merged batch but not alone")
-
-
-def _predict_alone(item: OnlineItem, parts: FrameParts, horizon: int) -> ItemForecast | Exception:
-    out: list[ItemForecast | Exception | None] = [None]
-    history, future = parts.frames()
-    try:
-        forecast = item.model.forecaster.predict(history, horizon=horizon, future_df=future)
-    except ForecasterInputError as exc:
-        return exc
-    _split(forecast, horizon, [item], [0], [parts], out, None)
-    assert out[0] is not None
-    return out[0]
-
-
-def _split(
-    forecast: pd.DataFrame,
-    horizon: int,
-    items: list[OnlineItem],
-    pending: list[int],
-    parts: list[FrameParts],
-    out: list[ItemForecast | Exception | None],
-    counts: list[int] | None,
-) -> None:
-    """Cut the merged forecast back into each request's series, horizon and quantiles;
-    `counts` holds each pending request's number of series (None: one request, all rows)."""
-    forecaster = items[pending[0]].model.forecaster
-    n_total = len(forecast) // horizon
-    ids = forecast["unique_id"].to_numpy(dtype=object)[::horizon]
-    ds = forecast["ds"].to_numpy(dtype="datetime64[ns]").reshape(n_total, horizon)
-    mean = forecast["mean"].to_numpy(dtype=np.float64).reshape(n_total, horizon)
-    qs = {
-        q: forecast[quantile_column(q)].to_numpy(dtype=np.float64).reshape(n_total, horizon)
-        for q in forecaster.quantiles
-    }
-    start = 0
-    for k, n in zip(pending, counts or [n_total], strict=True):
-        item = items[k]
-        rows = slice(start, start + n)
-        start += n
-        h = item.horizon
-        series_ids = [str(s).split(_SEP, 1)[-1] for s in ids[rows]]
-        item_mean = mean[rows, :h]
-        item_q = {q: qs[_match(q, forecaster.quantiles)][rows, :h] for q in item.quantiles}
-        bad = ~np.isfinite(item_mean).all(axis=1)
-        for arr in item_q.values():
-            bad |= ~np.isfinite(arr).all(axis=1)
-        if bad.any():
-            sid = series_ids[int(np.argmax(bad))]
-            out[k] = ForecastNotFiniteError(
-                f"series {sid!r}: the forecast is not finite; its values are too large in "
-                "magnitude for the model's float32 arithmetic (rescale the series)",
-                field="values",
-                series_id=sid,
-            )
-            continue
-        out[k] = ItemForecast(
-            model=item.model,
-            series_ids=series_ids,
-            timestamps=ds[rows, :h],
-            mean=item_mean,
-            quantiles=item_q,
-            parts=parts[k],
+def _item_forecast(item: OnlineItem, rows: ForecastArrays, parts: FrameParts) -> ItemForecast:
+    selected = rows.select(item.horizon, item.quantiles)
+    bad = ~np.isfinite(selected.mean).all(axis=1) | ~np.isfinite(selected.quantiles).all(
+        axis=(1, 2)
+    )
+    if bad.any():
+        sid = str(selected.series_ids[int(np.argmax(bad))])
+        raise ForecastNotFiniteError(
+            f"series {sid!r}: the forecast is not finite; its values are too large in "
+            "magnitude for the model's float32 arithmetic (rescale the series)",
+            field="values",
+            series_id=sid,
         )
-    assert start == n_total, f"merged forecast has {n_total} series, requests {start}"
-
-
-def _match(value: float, options: Sequence[float]) -> float:
-    return next(o for o in options if abs(o - float(value)) < 1e-9)
+    return ItemForecast(item.model, selected, parts)
 
 
 # -- responses -------------------------------------------------------------------------------

@@ -1,13 +1,18 @@
-"""ASGI middleware: request body limits and the arrival count the micro-batcher reads."""
+"""ASGI middleware: request body limits, the arrival count the micro-batcher reads, and the
+JSON 500 for anything unexpected."""
 
 from __future__ import annotations
 
 import json
+import logging
+import uuid
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.batcher import MicroBatcher
+
+logger = logging.getLogger(__name__)
 
 UPLOAD_PATHS = ("/v1/batch-jobs",)
 BATCHED_PATHS = ("/v1/forecast", "/invocations")
@@ -125,3 +130,54 @@ def end_arrival(scope: Scope, batcher: MicroBatcher) -> None:
     if state.get("arrival_open"):
         state["arrival_open"] = False
         batcher.arrival_ended()
+
+
+class UnexpectedErrorMiddleware:
+    """Anything a route did not expect becomes a JSON 500 carrying a request id, logged once
+    with its traceback under that id; the exception stops here, so the server keeps the
+    connection open. (Responses already started cannot be replaced and re-raise.)"""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            if started:
+                raise
+            request_id = uuid.uuid4().hex
+            logger.exception(
+                "unexpected error in %s %s (request id %s)",
+                scope.get("method"),
+                scope.get("path"),
+                request_id,
+            )
+            message = f"internal error; quote request id {request_id} to the operator"
+            body = {"detail": message, "error": "internal_error", "field": None, "series_id": None}
+            if scope.get("path") == "/invocations":
+                body = {"error_code": "INTERNAL_ERROR", "message": message, **body}
+            body["request_id"] = request_id
+            content = json.dumps(body).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 500,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(content)).encode()),
+                        (b"x-request-id", request_id.encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": content})

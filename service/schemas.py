@@ -15,8 +15,9 @@ def _check_quantiles(value: list[float] | None) -> list[float] | None:
     return value
 
 
+# Strict: JSON true is not a quantile level nor a horizon (pydantic's lax mode reads it as 1).
 Quantiles = Annotated[
-    list[Annotated[float, Field(gt=0.0, lt=1.0)]] | None,
+    list[Annotated[float, Field(gt=0.0, lt=1.0, strict=True)]] | None,
     AfterValidator(_check_quantiles),
     Field(None, description="Subset of the model's quantiles; default all of them."),
 ]
@@ -83,7 +84,10 @@ class ForecastRequest(BaseModel):
     )
 
     horizon: int | None = Field(
-        None, ge=1, description="Steps to forecast; at most the model's; default all of them."
+        None,
+        ge=1,
+        strict=True,
+        description="Steps to forecast; at most the model's; default all of them.",
     )
     quantiles: Quantiles
     series: list[SeriesIn] = Field(min_length=1)
@@ -191,7 +195,7 @@ class BatchJobFromPath(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     path: str = Field(min_length=1, max_length=4096, description="Relative to the input dir.")
-    horizon: int | None = Field(None, ge=1)
+    horizon: int | None = Field(None, ge=1, strict=True)
     quantiles: Quantiles
     output_format: FileFormat | None = Field(None, description="Default: the input's format.")
 

@@ -16,6 +16,7 @@ from fastapi.responses import FileResponse
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
+from service import rules
 from service.deps import JobRunnerDep, JobStoreDep, ManagerDep, MetricsDep, SettingsDep
 from service.errors import (
     ConflictError,
@@ -32,7 +33,6 @@ from service.jobs import (
     sniff_format,
     write_csv,
 )
-from service.routers.forecast import resolve_horizon, resolve_quantiles
 from service.schemas import BatchJobFromPath, BatchJobList, BatchJobOut, FileFormat
 
 router = APIRouter(prefix="/v1/batch-jobs", tags=["batch-jobs"])
@@ -101,38 +101,6 @@ def job_out(job: Job) -> dict[str, Any]:
     }
 
 
-def _parse_quantiles(text: str | None) -> list[float] | None:
-    if text is None or not text.strip():
-        return None
-    try:
-        values = [float(q) for q in text.replace(" ", "").split(",") if q]
-    except ValueError:
-        raise InvalidInputError(
-            f"quantiles: expected comma-separated numbers such as 0.1,0.9, got {text!r}",
-            field="quantiles",
-        ) from None
-    if len(set(values)) != len(values) or not all(0 < q < 1 for q in values):
-        raise InvalidInputError(
-            f"quantiles: expected distinct numbers strictly between 0 and 1, got {text!r}",
-            field="quantiles",
-        )
-    return values
-
-
-def _parse_horizon(text: str | None) -> int | None:
-    if text is None or text == "":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise InvalidInputError(
-            f"horizon: expected a positive integer, got {text!r}", field="horizon"
-        ) from None
-    if value < 1:
-        raise InvalidInputError(f"horizon: expected >= 1, got {value}", field="horizon")
-    return value
-
-
 def _parse_format(text: str | None, field: str) -> str | None:
     if text is None or text == "":
         return None
@@ -155,13 +123,19 @@ def _copy_upload(upload: UploadFile, path: Path) -> None:
 
 def _resolve_input_path(relative: str, input_dir: Path) -> Path:
     root = input_dir.resolve()
-    candidate = (root / relative).resolve()
+    try:
+        candidate = (root / relative).resolve()
+        is_file = candidate.is_file()
+    except (OSError, ValueError) as exc:  # a NUL byte, a name too long for the file system
+        raise InvalidInputError(
+            f"path: {relative[:100]!r} is not a usable file name: {exc}", field="path"
+        ) from None
     if not candidate.is_relative_to(root):
         raise InvalidInputError(
             f"path: {relative!r} is outside the input directory; give a path relative to it",
             field="path",
         )
-    if not candidate.is_file():
+    if not is_file:
         raise InvalidInputError(
             f"path: no file {relative!r} under the input directory", field="path"
         )
@@ -188,7 +162,7 @@ async def create_job(
     manager: ManagerDep,
     settings: SettingsDep,
     metrics: MetricsDep,
-    horizon: Annotated[int | None, Query(ge=1)] = None,
+    horizon: Annotated[str | None, Query(description="Steps to forecast, e.g. 24")] = None,
     quantiles: Annotated[str | None, Query(description="e.g. 0.1,0.9")] = None,
     output_format: FileFormat | None = None,
     format: Annotated[FileFormat | None, Query(description="Input format for raw uploads")] = None,
@@ -201,7 +175,8 @@ async def create_job(
     received = files.dir / "input.upload"
     owned = True
     try:
-        q_values = _parse_quantiles(quantiles)
+        steps = rules.parse_horizon(horizon)
+        q_values = rules.parse_quantiles(quantiles)
         declared: str | None = format
         if mime == "multipart/form-data":
             form = await request.form(max_files=1, max_fields=16)
@@ -211,8 +186,8 @@ async def create_job(
                     "file: the multipart body needs a 'file' part holding the CSV or Parquet",
                     field="file",
                 )
-            horizon = _parse_horizon(_text(form.get("horizon"))) or horizon
-            q_values = _parse_quantiles(_text(form.get("quantiles"))) or q_values
+            steps = rules.parse_horizon(_text(form.get("horizon"))) or steps
+            q_values = rules.parse_quantiles(_text(form.get("quantiles"))) or q_values
             output_format = _parse_format(_text(form.get("output_format")), "output_format") or (
                 output_format
             )
@@ -239,8 +214,8 @@ async def create_job(
                 raise RequestValidationError(exc.errors(), body=raw) from None
             input_path = _resolve_input_path(spec.path, Path(settings.input_dir))
             owned = False
-            horizon = spec.horizon or horizon
-            q_values = spec.quantiles or q_values
+            steps = rules.parse_horizon(spec.horizon) or steps
+            q_values = rules.parse_quantiles(spec.quantiles) or q_values
             output_format = spec.output_format or output_format
         else:
             raise UnsupportedMediaTypeError(
@@ -259,9 +234,7 @@ async def create_job(
         covariates = served.forecaster.model_config.covariates if served else ()
         await asyncio.to_thread(inspect_input, input_path, fmt, covariates)
         if served is not None:  # without a model, the job waits and is checked when it runs
-            resolve_horizon(served, horizon)
-            if q_values is not None:
-                resolve_quantiles(served, q_values)
+            rules.resolve(served, steps, q_values)
         if owned:
             await asyncio.to_thread(_make_durable, input_path)
         job = await asyncio.to_thread(
@@ -272,7 +245,7 @@ async def create_job(
                 input_format=fmt,
                 input_bytes=input_path.stat().st_size,
                 output_format=output_format or fmt,
-                horizon=horizon,
+                horizon=steps,
                 quantiles=q_values,
             )
         )

@@ -8,9 +8,9 @@ the answer is MLflow's `{"predictions": [...records...]}` of the same long frame
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
-import warnings
 from typing import Any
 
 import numpy as np
@@ -19,10 +19,12 @@ import pydantic_core
 from fastapi import APIRouter, Request, Response
 
 from forecaster.data import split_future_rows
+from forecaster.time_axis import parse_iso
+from service import rules
 from service.deps import BatcherDep, ManagerDep, ServedModelDep, SettingsDep
 from service.errors import InvalidInputError, UnsupportedMediaTypeError
 from service.inference import FrameParts, OnlineItem, frame_parts, render_mlflow
-from service.routers.forecast import resolve_horizon, resolve_quantiles, run_online
+from service.online import run_online
 
 router = APIRouter(tags=["mlflow-scoring"])
 
@@ -123,7 +125,7 @@ def fast_split_parts(decoded: dict[str, Any]) -> FrameParts | None:
     for name, values in zip(columns, zip(*rows, strict=True), strict=True):
         array = None
         if name == "ds":
-            array = _iso_timestamps(values)
+            array = parse_iso(values)
         elif name != "unique_id":
             with contextlib.suppress(ValueError, TypeError):
                 array = np.array(values, dtype=np.float64)
@@ -133,17 +135,6 @@ def fast_split_parts(decoded: dict[str, Any]) -> FrameParts | None:
             array = np.array(values, dtype=object)
         out[name] = array
     return FrameParts(out)
-
-
-def _iso_timestamps(values: tuple[Any, ...]) -> np.ndarray | None:
-    if all(isinstance(v, str) for v in values):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error")  # numpy warns on time zones: leave those to the core
-                return np.array(values, dtype="datetime64[ns]")
-        except (ValueError, TypeError, Warning):
-            pass
-    return None
 
 
 def _decode(data: bytes) -> dict[str, Any]:
@@ -161,40 +152,6 @@ def _decode(data: bytes) -> dict[str, Any]:
     if not isinstance(params, dict):
         raise InvalidInputError("params: expected an object", field="params")
     return decoded
-
-
-def _horizon_param(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise InvalidInputError(
-            f"params.horizon: expected an integer, got {value!r}", field="horizon"
-        )
-    try:
-        number = float(value)
-    except ValueError:
-        raise InvalidInputError(
-            f"params.horizon: expected an integer, got {value!r}", field="horizon"
-        ) from None
-    if not number.is_integer():
-        raise InvalidInputError(
-            f"params.horizon: expected an integer, got {value!r}", field="horizon"
-        )
-    return int(number)
-
-
-def _quantiles_param(value: Any) -> list[float] | None:
-    if value is None:
-        return None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        value = [value]
-    if not isinstance(value, list) or not all(
-        isinstance(q, int | float) and not isinstance(q, bool) for q in value
-    ):
-        raise InvalidInputError(
-            f"params.quantiles: expected a list of numbers, got {value!r}", field="quantiles"
-        )
-    return [float(q) for q in value]
 
 
 @router.post(
@@ -224,10 +181,11 @@ async def invocations(
     if mime == "application/json":
         data = _decode(data)  # once; MLflow's parser takes the decoded object as well
         params = data.get("params") or {}
-    horizon = resolve_horizon(served, _horizon_param(params.get("horizon")))
-    quantiles = resolve_quantiles(served, _quantiles_param(params.get("quantiles")))
-    # The number of series is known once parsed (in the inference thread); the batcher
-    # counts the request as one series.
+    horizon, quantiles = rules.resolve(
+        served,
+        rules.parse_horizon(params.get("horizon")),
+        rules.parse_quantiles(params.get("quantiles")),
+    )
     covariates = served.forecaster.model_config.covariates
 
     def build() -> FrameParts:
@@ -237,15 +195,21 @@ async def invocations(
                 return parts
         return frame_parts(*split_future_rows(_parse(data, mime), covariates))
 
-    item = OnlineItem(
-        model=served,
-        horizon=horizon,
-        quantiles=quantiles,
-        n_series=0,
-        build=build,
-        render=render_mlflow,
-    )
-    content = await run_online(request, batcher, item, settings.request_timeout_s)
+    # Parsed off the event loop, then held to the same limits as /v1/forecast before queueing.
+    parts = await asyncio.to_thread(build)
+    ids, lengths = parts.series()
+    rules.check_limits(ids, lengths, settings, values_field="y")
+    chunks = [
+        OnlineItem(
+            model=served,
+            horizon=horizon,
+            quantiles=quantiles,
+            n_series=len(chunk.series()[0]),
+            build=lambda chunk=chunk: chunk,
+        )
+        for chunk in parts.split(settings.max_batch_size)
+    ]
+    content = await run_online(request, batcher, chunks, render_mlflow, settings.request_timeout_s)
     return Response(content, media_type="application/json")
 
 

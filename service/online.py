@@ -1,0 +1,46 @@
+"""Running an online request through the micro-batcher, in chunks when it is large.
+
+A request of more than `max_batch_size` series is split into chunks queued one after the
+other, so requests that arrive meanwhile are batched between its chunks instead of waiting
+for all of it, and no single forward pass grows without bound. A request past
+`request_timeout_s` stops: the chunk in flight finishes, the rest never runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+from fastapi import Request
+
+from service.batcher import MicroBatcher
+from service.errors import InferenceTimeoutError
+from service.inference import ItemForecast, OnlineItem
+from service.middleware import end_arrival
+
+
+async def run_online(
+    request: Request,
+    batcher: MicroBatcher,
+    chunks: Sequence[OnlineItem],
+    render: Callable[[ItemForecast], bytes],
+    timeout_s: float,
+) -> bytes:
+    """The encoded response of a request queued as ``chunks`` (rendered once, in order)."""
+    end_arrival(request.scope, batcher)
+    try:
+        return await asyncio.wait_for(_run(batcher, chunks, render), timeout_s)
+    except TimeoutError:
+        raise InferenceTimeoutError(
+            f"the forecast took longer than {timeout_s:g} s (setting request_timeout_s)"
+        ) from None
+
+
+async def _run(
+    batcher: MicroBatcher, chunks: Sequence[OnlineItem], render: Callable[[ItemForecast], bytes]
+) -> bytes:
+    if len(chunks) == 1:  # the common case: rendered in the inference thread, as part of it
+        chunks[0].render = render
+        return await batcher.submit(chunks[0], chunks[0].n_series)
+    forecasts = [await batcher.submit(chunk, chunk.n_series) for chunk in chunks]
+    return await asyncio.to_thread(render, ItemForecast.concat(forecasts))

@@ -6,12 +6,7 @@ tracking server going away without the service noticing more than a logged error
 from __future__ import annotations
 
 import io
-import os
 import signal
-import socket
-import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,129 +14,18 @@ import httpx
 import pandas as pd
 import pytest
 
-API_KEY = "e2e-key-0123456789abcdef"
+from tests.servers import API_KEY, free_port, mlflow_server, start_service, wait_until
+
 HEADERS = {"X-API-Key": API_KEY}
-ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"process exited ({proc.returncode}) while waiting for {what}")
-        try:
-            last = predicate()
-            if last:
-                return last
-        except httpx.HTTPError as exc:
-            last = exc
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
-
-
-class Process:
-    """A server subprocess whose output goes to a log file (shown when a test fails)."""
-
-    def __init__(self, args: list[str], log: Path, env: dict[str, str], cwd: Path):
-        self.log = log
-        self.handle = open(log, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            args, stdout=self.handle, stderr=subprocess.STDOUT, env=env, cwd=cwd
-        )
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.handle.close()
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
-
-
 @pytest.fixture()
 def tracking_server(tmp_path):
-    port = free_port()
     store = tmp_path / "mlflow-server"
-    store.mkdir()
-    server = Process(
-        [
-            str(Path(sys.executable).with_name("mlflow")),
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-            "--backend-store-uri",
-            f"sqlite:///{store / 'mlflow.db'}",
-            "--artifacts-destination",
-            str(store / "artifacts"),
-        ],
-        tmp_path / "mlflow-server.log",
-        env={**os.environ},
-        cwd=store,
-    )
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(
-            lambda: httpx.get(f"{uri}/health", timeout=2).status_code == 200,
-            120,
-            "the MLflow tracking server",
-            server.proc,
-        )
+    with mlflow_server(store, f"sqlite:///{store / 'mlflow.db'}") as (uri, server):
         yield uri, server
-    finally:
-        server.stop()
-
-
-def start_service(
-    tmp_path: Path, port: int, tracking_uri: str, run: int, workers: int = 1
-) -> Process:
-    env = {
-        **os.environ,
-        "FORECASTER_SERVICE_API_KEYS": API_KEY,
-        "FORECASTER_SERVICE_POLL_INTERVAL_S": "1",
-        # small partitions and chunks: the batch job of the restart test is mid-way for seconds
-        "FORECASTER_SERVICE_BATCH_PARTITION_BYTES": "65536",
-        "FORECASTER_SERVICE_BATCH_CHUNK_SERIES": "4",
-        "FORECASTER_SERVICE_LOG_LEVEL": "info",
-    }
-    return Process(
-        [
-            sys.executable,
-            "-m",
-            "service.cli",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--tracking-uri",
-            tracking_uri,
-            "--data-dir",
-            str(tmp_path / "service-data"),
-            "--workers",
-            str(workers),
-        ],
-        tmp_path / f"service-{run}.log",
-        env=env,
-        cwd=ROOT,
-    )
 
 
 def job_status(http: httpx.Client, job_id: str) -> dict:

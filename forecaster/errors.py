@@ -77,3 +77,8 @@ class HorizonTooLongError(ForecasterInputError):
 
 class MissingCovariatesError(ForecasterInputError):
     """Future values of a known-future covariate are needed but were not given."""
+
+
+class ModelCodeMismatchError(RuntimeError):
+    """A saved model forecasts differently under this code than under the code that saved it
+    (its reference forecast does not reproduce): serving it would give other numbers."""

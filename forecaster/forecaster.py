@@ -24,10 +24,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from forecaster.config import ModelConfig, TrainConfig, config_from_dict, config_to_dict
-from forecaster.errors import HorizonTooLongError, SeriesTooShortError, UnknownQuantileError
+from forecaster.errors import (
+    HorizonTooLongError,
+    ModelCodeMismatchError,
+    SeriesTooShortError,
+    UnknownQuantileError,
+)
 from forecaster.model import PatchTransformer
 from forecaster.outputs import AttentionMaps, ForecastArrays, ModelOutput
-from forecaster.time_axis import patch_length_for, shift, steps_after
+from forecaster.time_axis import patch_length_for, regular_range, shift, steps_after
 from forecaster.training import (
     EpochLog,
     TrainResult,
@@ -45,6 +50,10 @@ logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
+# A forecast the model made when it was saved, replayed at load: code that forecasts
+# differently (a changed layer, scaler or time axis) is caught before it serves.
+REFERENCE_FILE = "reference.json"
+REFERENCE_TOLERANCE = 1e-3  # relative to the reference forecast's magnitude
 # Share of each series held out for validation when fit() gets no validation frame.
 AUTO_VALIDATION_FRACTION = 0.15
 
@@ -406,11 +415,18 @@ class Forecaster:
             "torch_version": torch.__version__,
         }
         (path / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
+        reference = self._reference_forecast()
+        (path / REFERENCE_FILE).write_text(json.dumps({"mean": reference.tolist()}))
         return path
 
     @classmethod
-    def load(cls, path: str | Path, device: str | None = None) -> Forecaster:
-        """Load a saved model. Reads JSON and safetensors only: nothing is unpickled."""
+    def load(cls, path: str | Path, device: str | None = None, verify: bool = True) -> Forecaster:
+        """Load a saved model. Reads JSON and safetensors only: nothing is unpickled.
+
+        With `verify`, the forecast saved beside the weights is replayed and must come out the
+        same (`ModelCodeMismatchError` otherwise), so a model never serves under code that
+        forecasts differently from the code that trained it. Models saved without one load.
+        """
         path = Path(path)
         meta = json.loads((path / CONFIG_FILE).read_text())
         if meta.get("format_version") != FORMAT_VERSION:
@@ -429,7 +445,48 @@ class Forecaster:
         model = PatchTransformer(forecaster.model_config)
         model.load_state_dict(load_file(path / WEIGHTS_FILE))
         forecaster.model = model.to(forecaster.device).eval()
+        reference_file = path / REFERENCE_FILE
+        if verify and reference_file.is_file():
+            expected = np.asarray(json.loads(reference_file.read_text())["mean"])
+            forecaster.check_reference(expected, str(path))
         return forecaster
+
+    def check_reference(self, expected: np.ndarray, where: str) -> None:
+        """Raise `ModelCodeMismatchError` unless this code reproduces `expected` (S, H)."""
+        got = self._reference_forecast()
+        scale = 1.0 + float(np.abs(expected).max())
+        deviation = float(np.abs(got - expected).max()) if got.shape == expected.shape else np.inf
+        if not deviation <= REFERENCE_TOLERANCE * scale:
+            raise ModelCodeMismatchError(
+                f"{where}: this code does not reproduce the model's reference forecast (largest "
+                f"difference {deviation:.3g}, allowed {REFERENCE_TOLERANCE * scale:.3g}); it "
+                "was saved by code that forecasts differently: serve it with that code version "
+                "or retrain it with this one"
+            )
+
+    def _reference_forecast(self) -> np.ndarray:
+        """(2, H) mean forecast of two fixed synthetic histories (covariates 0)."""
+        mc = self.model_config
+        n = mc.context_length
+        ds = regular_range("2020-01-06", n, self.freq or "h")
+        t = np.arange(n, dtype=np.float64)
+        history = {
+            "unique_id": np.repeat(np.array(["reference-a", "reference-b"], dtype=object), n),
+            "ds": np.tile(ds, 2),
+            "y": np.concatenate([10 + np.sin(t / 5) + 0.01 * t, 3 + np.cos(t / 3)]),
+            **{name: np.zeros(2 * n) for name in mc.covariates},
+        }
+        future = None
+        if mc.covariates:
+            future_ds = steps_after(ds[-1:], self.freq or "h", mc.prediction_length)[0]
+            future = {
+                "unique_id": np.repeat(
+                    np.array(["reference-a", "reference-b"], dtype=object), mc.prediction_length
+                ),
+                "ds": np.tile(future_ds, 2),
+                **{name: np.zeros(2 * mc.prediction_length) for name in mc.covariates},
+            }
+        return self.forecast(self.prepare(history, future)).mean
 
     # -- internals ------------------------------------------------------------------------
     def _inference_model(self) -> torch.nn.Module:

@@ -13,6 +13,7 @@ from forecaster.errors import (
     IrregularTimestampsError,
     MissingCovariatesError,
     MissingValuesError,
+    ModelCodeMismatchError,
     SeriesTooShortError,
     UnknownQuantileError,
 )
@@ -54,11 +55,28 @@ def test_model_beats_naive_on_seasonal_data(series):
     assert model_mae < naive_mae
 
 
+def test_code_that_forecasts_differently_refuses_the_model(fitted, tmp_path, monkeypatch):
+    fitted.save(tmp_path / "model")
+    Forecaster.load(tmp_path / "model")  # the code that saved it reproduces its reference
+    # A change of the forward pass, as a code upgrade could bring: a shifted scaler.
+    original = Forecaster._forward
+
+    def drifted(self, *args):
+        output = original(self, *args)
+        return type(output)(output.mean * 1.01, output.quantiles)
+
+    monkeypatch.setattr(Forecaster, "_forward", drifted)
+    with pytest.raises(ModelCodeMismatchError, match="reference forecast"):
+        Forecaster.load(tmp_path / "model")
+    assert Forecaster.load(tmp_path / "model", verify=False).is_fitted
+
+
 def test_save_load_predicts_bit_identically(fitted, series, tmp_path):
     fitted.save(tmp_path / "model")
     assert sorted(p.name for p in (tmp_path / "model").iterdir()) == [
         "config.json",
         "model.safetensors",
+        "reference.json",
     ]
     reloaded = Forecaster.load(tmp_path / "model")
     pd.testing.assert_frame_equal(

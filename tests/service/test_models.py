@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 from forecaster import Forecaster
@@ -106,3 +107,24 @@ def test_registry_unreachable_after_startup_keeps_serving(make_client, fitted, p
     assert client.get("/readyz").status_code == 200
     out = client.post("/v1/forecast", json={"series": [payload("series_000")]})
     assert out.status_code == 200
+
+
+def test_a_version_saved_by_code_that_forecasts_differently_is_refused(
+    make_client, registry, fitted, training_frame, tmp_path
+):
+    """Served code = registered code: the reference forecast saved with the weights must
+    replay. Here the registered artifact's reference is altered, as if it had been saved by
+    code whose forward pass differs from this one."""
+    version = registry.register(fitted, training_frame)
+    references = list((tmp_path / "mlartifacts").rglob("reference.json"))
+    assert len(references) == 1
+    saved = json.loads(references[0].read_text())
+    saved["mean"] = [[v * 1.05 for v in row] for row in saved["mean"]]
+    references[0].write_text(json.dumps(saved))
+    client = make_client(source="registry", tracking_uri=registry.tracking_uri)
+    state = client.get("/v1/models").json()
+    assert state["loaded"] is None
+    assert state["refused"][0]["version"] == version
+    assert "ModelCodeMismatchError" in state["refused"][0]["error"]
+    assert "reference forecast" in state["refused"][0]["error"]
+    assert client.get("/readyz").status_code == 503

@@ -98,13 +98,21 @@ async def check_api_key(
     api_key: Annotated[str | None, Security(_api_key_header)] = None,
     bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)] = None,
 ) -> None:
-    """Every route but the probes: a valid key is required when keys are configured."""
+    """Every route but the probes: a valid key is required when keys are configured.
+
+    `ApiKeyMiddleware` applies the same check before a body is read; this dependency puts the
+    schemes in the OpenAPI schema and guards requests that reach a route some other way.
+    """
     if not settings.api_keys:
         return
     route = request.scope.get("route")
     if getattr(route, "path", None) in OPEN_PATHS:
         return
-    presented = _presented_key(api_key, bearer)
+    verify_key(_presented_key(api_key, bearer), settings)
+
+
+def verify_key(presented: str | None, settings: ServiceSettings) -> None:
+    """Raise AuthError (401) unless `presented` is one of the configured keys."""
     if presented is None:
         raise AuthError(
             "missing API key: send it in the X-API-Key header or as 'Authorization: Bearer <key>'",

@@ -115,12 +115,13 @@ class SafeJSONResponse(JSONResponse):
         ).encode()
 
 
-def _respond(
+def respond(
     request: Request,
     status: int,
     body: dict[str, Any],
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
+    """The error response for `request`: ours, or MLflow's shape on its scoring routes."""
     if request.url.path in MLFLOW_PATHS:
         # MLflow's scoring server answers input problems with 400 BAD_REQUEST.
         code = "BAD_REQUEST" if status < 500 else "INTERNAL_ERROR"
@@ -145,7 +146,7 @@ async def _forecaster_input_error(request: Request, exc: Exception) -> JSONRespo
     assert isinstance(exc, ForecasterInputError)
     field = getattr(exc, "request_field", None) or exc.field
     body = error_body(describe_input_error(exc), type(exc).__name__, field, exc.series_id)
-    return _respond(request, 422, body)
+    return respond(request, 422, body)
 
 
 async def _service_error(request: Request, exc: Exception) -> JSONResponse:
@@ -153,7 +154,7 @@ async def _service_error(request: Request, exc: Exception) -> JSONResponse:
     if exc.status_code >= 500:
         logger.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status_code, exc)
     body = error_body(exc.message, exc.kind, exc.field, exc.series_id)
-    return _respond(request, exc.status_code, body, exc.headers)
+    return respond(request, exc.status_code, body, exc.headers)
 
 
 def _series_id_at(body: Any, index: int) -> str | None:
@@ -202,14 +203,14 @@ async def _request_validation_error(request: Request, exc: Exception) -> JSONRes
         detail += f"; and {len(errors) - 5} more"
     body = error_body(detail, "validation_error", first["field"], first["series_id"])
     body["errors"] = errors
-    return _respond(request, 422, body)
+    return respond(request, 422, body)
 
 
 async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     kinds = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
     body = error_body(str(exc.detail), kinds.get(exc.status_code, "http_error"))
-    return _respond(request, exc.status_code, body, getattr(exc, "headers", None))
+    return respond(request, exc.status_code, body, getattr(exc, "headers", None))
 
 
 def install_error_handlers(app: FastAPI) -> None:

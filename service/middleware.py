@@ -8,9 +8,13 @@ import logging
 import uuid
 
 from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.batcher import MicroBatcher
+from service.deps import OPEN_PATHS, verify_key
+from service.errors import AuthError, error_body, respond
+from service.settings import ServiceSettings
 
 logger = logging.getLogger(__name__)
 
@@ -181,3 +185,31 @@ class UnexpectedErrorMiddleware:
                 }
             )
             await send({"type": "http.response.body", "body": content})
+
+
+class ApiKeyMiddleware:
+    """With API keys configured, a request without a valid one is answered 401 before its
+    body is read (FastAPI reads and decodes a body before it runs any dependency, so a 16 MB
+    body would otherwise be parsed for nothing). The probes stay open."""
+
+    def __init__(self, app: ASGIApp, settings: ServiceSettings):
+        self.app = app
+        self.settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.settings.api_keys and scope["path"] not in OPEN_PATHS:
+            headers = {
+                k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
+            }
+            presented = headers.get("x-api-key") or None
+            scheme, _, token = headers.get("authorization", "").partition(" ")
+            if presented is None and scheme.lower() == "bearer" and token.strip():
+                presented = token.strip()
+            try:
+                verify_key(presented, self.settings)
+            except AuthError as exc:
+                body = error_body(exc.message, exc.kind, exc.field)
+                response = respond(Request(scope), exc.status_code, body, exc.headers)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -49,6 +49,29 @@ def test_probes_are_open_when_keys_are_configured(make_client):
     assert client.get("/health").status_code == 200
 
 
+def test_the_key_is_checked_before_the_body_is_read(make_client):
+    client = make_client(api_keys=API_KEY, max_body_bytes=1024)
+    # Neither malformed nor oversized bodies are looked at without a key: 401, not 422/413.
+    for content in (b"{not json", b"x" * 4096):
+        for path in ("/v1/forecast", "/invocations", "/v1/batch-jobs"):
+            response = client.post(
+                path, content=content, headers={"content-type": "application/json"}
+            )
+            assert response.status_code == 401, (path, response.text)
+            assert response.headers["www-authenticate"].startswith("Bearer")
+    invocations = client.post(
+        "/invocations", content=b"{}", headers={"content-type": "application/json"}
+    )
+    assert invocations.status_code == 401  # in MLflow's error shape on its route
+    assert "missing API key" in invocations.json()["message"]
+    with_key = client.post(
+        "/v1/forecast",
+        content=b"{not json",
+        headers={"content-type": "application/json", "X-API-Key": API_KEY},
+    )
+    assert with_key.status_code == 422
+
+
 def test_reload_always_needs_a_key(make_client):
     open_client = make_client()
     response = open_client.post("/v1/models/reload")

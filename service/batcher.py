@@ -61,8 +61,9 @@ class MicroBatcher(Generic[T]):
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
+        """Run the collector in a task of its own (`run` is for a supervisor to own instead)."""
         if self._task is None:
-            self._task = asyncio.create_task(self._collect(), name="micro-batcher")
+            self._task = asyncio.create_task(self.run(), name="micro-batcher")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -105,7 +106,8 @@ class MicroBatcher(Generic[T]):
                 return pending
         return None
 
-    async def _collect(self) -> None:
+    async def run(self) -> None:
+        """The collector loop: take batches off the queue and run them, until cancelled."""
         loop = asyncio.get_running_loop()
         while True:
             first = self._take()

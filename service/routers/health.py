@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from service.deps import BatcherDep, JobStoreDep, ManagerDep, MetricsDep
@@ -19,14 +19,26 @@ async def healthz() -> dict:
 @router.get(
     "/readyz",
     response_model=HealthOut,
-    responses={503: {"model": HealthOut, "description": "No model loaded yet"}},
+    responses={
+        503: {
+            "model": HealthOut,
+            "description": "No model loaded yet, or a background task is restarting",
+        }
+    },
     summary="Ready: a model is loaded and forecasts can be answered",
 )
-async def readyz(manager: ManagerDep) -> JSONResponse:
+async def readyz(manager: ManagerDep, request: Request) -> JSONResponse:
     served = manager.current
     if served is None:
         return JSONResponse(
             {"status": "not_ready", "detail": manager.unavailable_reason(), "model": None},
+            status_code=503,
+        )
+    down = request.app.state.supervisor.down()
+    if down:
+        detail = "; ".join(f"{name} is restarting after {error}" for name, error in down.items())
+        return JSONResponse(
+            {"status": "not_ready", "detail": detail, "model": served.identity.info()},
             status_code=503,
         )
     return JSONResponse({"status": "ready", "detail": None, "model": served.identity.info()})

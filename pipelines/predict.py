@@ -49,7 +49,7 @@ class PredictSummary:
     model: ModelRef | None  # None for a model loaded from a local directory
     output: Path
     n_series: int
-    n_input_rows: int
+    n_input_rows: int | None  # None when the engine does not count them (spark)
     n_output_rows: int
     seconds: float
 
@@ -207,6 +207,25 @@ class _Writer:
         self.partial.unlink(missing_ok=True)
 
 
+def forecast_batch(
+    forecaster: Forecaster,
+    batch: pd.DataFrame,
+    *,
+    horizon: int | None = None,
+    quantiles: Sequence[float] | None = None,
+) -> pd.DataFrame:
+    """One batched ``predict`` of the complete series in ``batch``, as a file's rows hold them.
+
+    With known-future covariates, a series' rows with an empty ``y`` are its future.
+    """
+    history, future = batch, None
+    if forecaster.model_config.covariates:
+        is_future = pd.to_numeric(batch[TARGET], errors="coerce").isna().to_numpy()
+        history = batch[~is_future].reset_index(drop=True)
+        future = batch[is_future].reset_index(drop=True)
+    return forecaster.predict(history, horizon=horizon, quantiles=quantiles, future_df=future)
+
+
 def predict_file(
     model: str | Forecaster,
     input_path: str | Path,
@@ -259,14 +278,7 @@ def predict_file(
     )
     try:
         for batch in series_batches(chunks, chunk_series):
-            history, future = batch, None
-            if covariates:
-                is_future = pd.to_numeric(batch[TARGET], errors="coerce").isna().to_numpy()
-                history = batch[~is_future].reset_index(drop=True)
-                future = batch[is_future].reset_index(drop=True)
-            forecast = forecaster.predict(
-                history, horizon=horizon, quantiles=quantiles, future_df=future
-            )
+            forecast = forecast_batch(forecaster, batch, horizon=horizon, quantiles=quantiles)
             writer.write(forecast)
             n_series += int(batch[ID].nunique())
             n_rows += len(batch)

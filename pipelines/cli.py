@@ -286,8 +286,6 @@ def rollback_command(args: argparse.Namespace) -> int:
 
 @command
 def predict_command(args: argparse.Namespace) -> int:
-    from pipelines.predict import predict_file
-
     settings = load_settings(args)
     quantiles = None
     if args.quantiles:
@@ -298,23 +296,39 @@ def predict_command(args: argparse.Namespace) -> int:
                 f"--quantiles: expected numbers separated by commas, got {args.quantiles!r}",
                 field="quantiles",
             ) from None
-    summary = predict_file(
-        args.model or settings.champion_uri,
-        args.input,
-        args.output,
-        horizon=args.horizon,
-        quantiles=quantiles,
-        chunk_series=args.chunk_series or settings.predict_chunk_series,
-        tracking_uri=settings.resolved_tracking_uri,
-        device=args.device,
-        time_column=settings.time_column,
-        progress=not args.no_progress,
-    )
+    if args.engine == "spark":
+        from pipelines.spark import predict_spark  # pyspark only when asked for
+
+        summary = predict_spark(
+            args.model or settings.champion_uri,
+            args.input,
+            args.output,
+            master=args.master,
+            horizon=args.horizon,
+            quantiles=quantiles,
+            tracking_uri=settings.resolved_tracking_uri,
+            device=args.device,
+        )
+    else:
+        from pipelines.predict import predict_file
+
+        summary = predict_file(
+            args.model or settings.champion_uri,
+            args.input,
+            args.output,
+            horizon=args.horizon,
+            quantiles=quantiles,
+            chunk_series=args.chunk_series or settings.predict_chunk_series,
+            tracking_uri=settings.resolved_tracking_uri,
+            device=args.device,
+            time_column=settings.time_column,
+            progress=not args.no_progress,
+        )
     model = f"{summary.model.name} v{summary.model.version}" if summary.model else args.model
+    inputs = "" if summary.n_input_rows is None else f" ({summary.n_input_rows} input rows)"
     print(
-        f"wrote {summary.n_output_rows} forecast rows for {summary.n_series} series "
-        f"({summary.n_input_rows} input rows) with {model} to {summary.output} "
-        f"in {summary.seconds:.1f}s"
+        f"wrote {summary.n_output_rows} forecast rows for {summary.n_series} series{inputs} "
+        f"with {model} to {summary.output} in {summary.seconds:.1f}s"
     )
     return 0
 
@@ -377,12 +391,30 @@ def register_commands(subparsers: argparse._SubParsersAction) -> None:
         "--model", help="models:/NAME@alias, models:/NAME/VERSION or a saved model directory"
     )
     p.add_argument("--input", required=True, metavar="PATH", help="CSV or Parquet history")
-    p.add_argument("--output", required=True, metavar="PATH", help="CSV or Parquet forecasts")
+    p.add_argument(
+        "--output",
+        required=True,
+        metavar="PATH",
+        help="CSV or Parquet forecasts (--engine spark: a directory of Parquet parts)",
+    )
     p.add_argument("--horizon", type=int, help="steps to forecast (default: the model's)")
     p.add_argument("--quantiles", help="comma-separated, e.g. 0.1,0.9 (default: the model's)")
     p.add_argument("--chunk-series", type=int, help="series per batch (default: setting)")
     p.add_argument("--device", help="cpu, cuda, ... (default: cuda when present)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--engine",
+        choices=("local", "spark"),
+        default="local",
+        help="local: stream the file in this process; spark: groupBy + applyInPandas on "
+        "--master (needs the 'spark' extra; writes no forecast log)",
+    )
+    p.add_argument(
+        "--master",
+        default="local[2]",
+        help="Spark master with --engine spark: local[N], yarn, k8s://..., spark://... "
+        "(default: local[2])",
+    )
     p.set_defaults(handler=predict_command)
 
     p = subparsers.add_parser("schedule", help="run retrain on a cron schedule")

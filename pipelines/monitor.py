@@ -284,7 +284,11 @@ def _log(result: MonitorResult, client: MlflowClient, run_id: str, model_name: s
             ylabel="MASE",
         )
         client.log_artifact(run_id, str(path), "monitoring")
-        client.log_table(run_id, table.astype({"first_ds": str, "last_ds": str}), "monitoring/realised_accuracy.json")
+        client.log_table(
+            run_id,
+            table.astype({"first_ds": str, "last_ds": str}),
+            "monitoring/realised_accuracy.json",
+        )
 
 
 def _by_origin(scored: pd.DataFrame) -> pd.DataFrame:

@@ -1,4 +1,5 @@
-"""Command line of the pipelines: train, evaluate, promote, retrain, rollback, predict, schedule.
+"""Command line of the pipelines: train, evaluate, promote, retrain, rollback, predict, monitor,
+schedule.
 
 ``service/cli.py`` adds these to the ``forecaster`` entry point with ``register_commands``;
 ``python -m pipelines.cli`` runs them on their own. Problems a user can fix (bad data or
@@ -256,6 +257,8 @@ def _print_retrain(settings, result) -> None:
         f"run       {result.run_id} (experiment {settings.experiment!r} at {settings.resolved_tracking_uri})"
     )
     print(f"data      {result.fingerprint}")
+    if result.monitoring is not None:
+        _print_monitoring(result.monitoring)
     print(f"version   {result.version.name} v{result.version.version} -> @challenger")
     _print_table(result.evaluation)
     verdict = "promoted" if result.decision.promoted else "not promoted"
@@ -266,6 +269,26 @@ def _print_retrain(settings, result) -> None:
             f"v{result.version.version}'s configuration trained on all the data"
         )
     print(f"champion  {result.version.name} v{result.champion_version}")
+
+
+def _print_monitoring(result) -> None:
+    for version in result.versions:
+        a = result.realised.versions[version]
+        print(
+            f"realised  v{version}: MAE {a.mae:.4g}  MASE {a.mase:.4g}  coverage {a.coverage:.3g}"
+            f" (nominal {a.level:.3g})  {a.points} point(s), {a.series} series, to {a.last_ds}"
+        )
+    state = "DEGRADED" if result.degraded else "ok"
+    print(f"champion  {state}: {result.reason}")
+
+
+@command
+def monitor_command(args: argparse.Namespace) -> int:
+    from pipelines.retrain import check_champion
+
+    settings = load_settings(args)
+    _print_monitoring(check_champion(settings))
+    return 0
 
 
 @command
@@ -323,6 +346,7 @@ def predict_command(args: argparse.Namespace) -> int:
             device=args.device,
             time_column=settings.time_column,
             progress=not args.no_progress,
+            forecast_log=None if args.no_forecast_log else settings.forecast_log,
         )
     model = f"{summary.model.name} v{summary.model.version}" if summary.model else args.model
     inputs = "" if summary.n_input_rows is None else f" ({summary.n_input_rows} input rows)"
@@ -338,10 +362,16 @@ def schedule_command(args: argparse.Namespace) -> int:
     from pipelines.schedule import run_schedule
 
     settings = load_settings(args)
-    report = run_schedule(settings, cron=args.cron, max_runs=args.max_runs, run_now=args.run_now)
+    report = run_schedule(
+        settings,
+        cron=args.cron,
+        max_runs=args.max_runs,
+        run_now=args.run_now,
+        on_degradation=args.on_degradation,
+    )
     print(
         f"scheduler stopped after {report.runs} run(s): {report.succeeded} succeeded, "
-        f"{report.failed} failed, {report.skipped} skipped"
+        f"{report.failed} failed, {report.skipped} skipped, {report.healthy} healthy"
     )
     return 0 if report.failed == 0 else 1
 
@@ -403,6 +433,11 @@ def register_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", help="cpu, cuda, ... (default: cuda when present)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
+        "--no-forecast-log",
+        action="store_true",
+        help="do not append the forecasts to the forecast log (setting forecast_log)",
+    )
+    p.add_argument(
         "--engine",
         choices=("local", "spark"),
         default="local",
@@ -417,11 +452,24 @@ def register_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(handler=predict_command)
 
+    p = subparsers.add_parser(
+        "monitor",
+        help="score the champion's logged forecasts against the data observed since (no training)",
+    )
+    _common(p)
+    p.set_defaults(handler=monitor_command)
+
     p = subparsers.add_parser("schedule", help="run retrain on a cron schedule")
     _common(p)
     p.add_argument("--cron", help="cron expression (default: the schedule setting, 0 3 * * *)")
     p.add_argument("--max-runs", type=int, help="stop after this many runs")
     p.add_argument("--run-now", action="store_true", help="run once at start too")
+    p.add_argument(
+        "--on-degradation",
+        action="store_true",
+        help="at each tick, score the champion first and retrain only when it is degraded "
+        "(or there is no champion)",
+    )
     p.set_defaults(handler=schedule_command)
 
 

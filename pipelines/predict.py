@@ -33,6 +33,7 @@ from forecaster import Forecaster
 from forecaster.data import load_frame
 from forecaster.errors import EmptyDataError, ForecasterInputError, MissingColumnsError
 from forecaster.validation import ID, TARGET, TIME
+from pipelines.forecast_log import ForecastLog, records_from_frames
 from pipelines.registry import ModelRef, load_forecaster
 
 logger = logging.getLogger(__name__)
@@ -238,8 +239,12 @@ def predict_file(
     device: str | None = None,
     time_column: str | None = None,
     progress: bool = True,
+    forecast_log: str | Path | None = None,
 ) -> PredictSummary:
     """Forecast every series of ``input_path`` and write the forecasts to ``output_path``.
+
+    With ``forecast_log``, the forecasts of a registered version are also appended to that
+    forecast log (``pipelines.forecast_log``) for monitoring.
 
     Raises:
         ForecasterInputError: bad input (missing columns, NaN, too-short series, ...), naming
@@ -257,6 +262,11 @@ def predict_file(
     else:
         forecaster, ref = load_model(model, tracking_uri=tracking_uri, device=device)
     covariates = list(forecaster.model_config.covariates)
+    log = None
+    if forecast_log is not None and ref is not None:
+        log = ForecastLog(forecast_log)
+    elif forecast_log is not None:
+        logger.info("forecasts of a model loaded from a directory are not logged: no version")
 
     columns = _columns(input_path, kind)
     if {ID, TIME, TARGET} <= set(columns):
@@ -280,11 +290,19 @@ def predict_file(
         for batch in series_batches(chunks, chunk_series):
             forecast = forecast_batch(forecaster, batch, horizon=horizon, quantiles=quantiles)
             writer.write(forecast)
+            if log is not None:
+                log.append(
+                    records_from_frames(
+                        forecast, batch, model_name=ref.name, model_version=ref.version
+                    )
+                )
             n_series += int(batch[ID].nunique())
             n_rows += len(batch)
             bar.update(len(batch))
             bar.set_postfix(series=n_series)
         writer.commit()
+        if log is not None:
+            log.flush()
     except BaseException:
         writer.abort()
         raise

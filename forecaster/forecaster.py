@@ -297,7 +297,9 @@ class Forecaster:
         q = np.concatenate(quantiles) if quantiles else np.zeros((s, h, 0))
         if not means:
             q = np.zeros((0, h, len(levels)))
-        return ForecastArrays(inputs.series_ids, inputs.future_timestamps, mean, q, levels)
+        return ForecastArrays(
+            inputs.series_ids, inputs.last_timestamps, inputs.future_timestamps, mean, q, levels
+        )
 
     def attention(self, df: pd.DataFrame, future_df: pd.DataFrame | None = None) -> AttentionMaps:
         """Attention weights behind the forecast of each series of `df` (see AttentionMaps)."""
@@ -546,7 +548,8 @@ class Forecaster:
     ) -> ModelOutput:
         """One forward pass on the model's device; forecasts back on the CPU in float64."""
         model = self._inference_model()
-        model.eval()
+        if model.training:  # eval() walks every submodule: not on every call
+            model.eval()
         with torch.inference_mode(), bf16_autocast(self.device, self.train_config.bf16):
             output, _ = model(
                 _to(past_values, self.device),

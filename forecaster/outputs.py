@@ -48,6 +48,7 @@ class ForecastArrays:
     """
 
     series_ids: np.ndarray  # (S,) object: the ids as validated (text)
+    origins: np.ndarray  # (S,) datetime64[ns]: each series' last history timestamp
     timestamps: np.ndarray  # (S, H) datetime64[ns], the steps after each series' end
     mean: np.ndarray  # (S, H) float64
     quantiles: np.ndarray  # (S, H, Q) float64; Q = len(levels), may be 0
@@ -60,6 +61,7 @@ class ForecastArrays:
         """The forecasts of the series at `index` (a slice or integer positions)."""
         return ForecastArrays(
             self.series_ids[index],
+            self.origins[index],
             self.timestamps[index],
             self.mean[index],
             self.quantiles[index],
@@ -71,10 +73,25 @@ class ForecastArrays:
         picks = [self.levels.index(q) for q in levels]
         return ForecastArrays(
             self.series_ids,
+            self.origins,
             self.timestamps[:, :horizon],
             self.mean[:, :horizon],
             self.quantiles[:, :horizon, picks],
             tuple(levels),
+        )
+
+    @staticmethod
+    def concat(parts: Sequence[ForecastArrays]) -> ForecastArrays:
+        """The series of every part, in order (parts with the same levels and horizon)."""
+        if len(parts) == 1:
+            return parts[0]
+        return ForecastArrays(
+            np.concatenate([p.series_ids for p in parts]),
+            np.concatenate([p.origins for p in parts]),
+            np.concatenate([p.timestamps for p in parts]),
+            np.concatenate([p.mean for p in parts]),
+            np.concatenate([p.quantiles for p in parts]),
+            parts[0].levels,
         )
 
     def to_frame(self) -> pd.DataFrame:

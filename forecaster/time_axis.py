@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import warnings
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 import numpy as np
 import pandas as pd
@@ -142,6 +142,20 @@ def parse_iso(values: Sequence[str]) -> np.ndarray | None:
     if outside.any():
         raise InvalidTimestampsError(
             f"{TIME}: {values[int(np.argmax(outside))]!r} is outside the supported range {RANGE}",
+            field=TIME,
+        )
+    return coarse.astype("datetime64[ns]")
+
+
+def parse_datetimes(values: Sequence[datetime]) -> np.ndarray:
+    """Python datetimes (aware ones converted to UTC) as datetime64[ns], range-checked: the
+    fast road for timestamps a JSON parser already read."""
+    naive = [v.astimezone(UTC).replace(tzinfo=None) if v.tzinfo is not None else v for v in values]
+    coarse = np.array(naive, dtype="datetime64[us]")
+    outside = (coarse < _MIN_US) | (coarse > _MAX_US)
+    if outside.any():
+        raise InvalidTimestampsError(
+            f"{TIME}: {values[int(np.argmax(outside))]} is outside the supported range {RANGE}",
             field=TIME,
         )
     return coarse.astype("datetime64[ns]")

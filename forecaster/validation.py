@@ -280,7 +280,7 @@ def _check_frame(df: object, required: list[str]) -> None:
             f"missing required columns {missing}; present columns: {list(map(str, df.columns))}",
             field=missing[0],
         )
-    repeated = [c for c in required if int((df.columns == c).sum()) > 1]
+    repeated = [] if df.columns.is_unique else [c for c in required if (df.columns == c).sum() > 1]
     if repeated:
         raise MissingColumnsError(
             f"columns {repeated} appear more than once; expected each exactly once",

@@ -24,7 +24,6 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -36,6 +35,7 @@ import pyarrow.parquet as pq
 from forecaster.columns import ID, TIME
 from forecaster.data import quantile_column
 from forecaster.metrics import quantiles_in
+from forecaster.outputs import ForecastArrays
 from forecaster.time_axis import parse_timestamps
 
 logger = logging.getLogger(__name__)
@@ -60,57 +60,31 @@ _PREFIX, _SUFFIX = "part-", ".parquet"
 PRUNE_EVERY_S = 3600.0
 
 
-def records(
-    *,
-    model_name: str,
-    model_version: str,
-    unique_id: np.ndarray,
-    ds: np.ndarray,
-    mean: np.ndarray,
-    quantiles: Mapping[float, np.ndarray],
-    history_ids: np.ndarray,
-    history_ds: np.ndarray,
-) -> pa.Table:
-    """Log rows of one forecast given as long columns (N rows, each series' rows contiguous
-    and in time order), with the history it was made from (for the origins; rows from the
-    first forecast timestamp on, future covariates, are ignored)."""
-    ids = np.asarray(unique_id).astype(str)
-    n = len(ids)
-    run_start = np.r_[True, ids[1:] != ids[:-1]] if n else np.zeros(0, dtype=bool)
-    first_row = np.maximum.accumulate(np.where(run_start, np.arange(n), 0))
-    step = np.arange(n) - first_row + 1
-    ds = np.asarray(ds, dtype="datetime64[ns]").reshape(n)
-    # The origin is the last history timestamp before the forecast: rows at or after it are
-    # future covariates given with the history.
-    h_ids = np.asarray(history_ids).astype(str)
-    h_ds = parse_timestamps(pd.Series(history_ds))  # frames sent as JSON may hold text
-    first = pd.Series(ds).groupby(ids).min()
-    before = h_ds < first.reindex(h_ids).to_numpy(dtype="datetime64[ns]")
-    last = pd.Series(h_ds[before]).groupby(h_ids[before]).max()
-    origin = last.reindex(ids).to_numpy(dtype="datetime64[ns]")
-    levels = sorted(quantiles)
+def records(forecast: ForecastArrays, *, model_name: str, model_version: str) -> pa.Table:
+    """Log rows of a forecast of S series and H steps (one row per series and step)."""
+    s, h = forecast.mean.shape
+    n = s * h
+    levels = forecast.levels
     if len(levels) >= 2:
-        lower = np.asarray(quantiles[levels[0]], dtype=np.float64).reshape(n)
-        upper = np.asarray(quantiles[levels[-1]], dtype=np.float64).reshape(n)
-        level = round(levels[-1] - levels[0], 6)
+        lower = forecast.quantiles[:, :, int(np.argmin(levels))].reshape(n)
+        upper = forecast.quantiles[:, :, int(np.argmax(levels))].reshape(n)
+        level = round(max(levels) - min(levels), 6)
     else:
         lower = upper = np.full(n, np.nan)
         level = np.nan
+    now = np.datetime64(datetime.now(UTC).replace(tzinfo=None), "ms")
     columns = {
         "model_name": pa.array(np.full(n, model_name, dtype=object), pa.string()),
         "model_version": pa.array(np.full(n, str(model_version), dtype=object), pa.string()),
-        "unique_id": pa.array(ids, pa.string()),
-        "origin": pa.array(origin, pa.timestamp("ns")),
-        "step": pa.array(step, pa.int32()),
-        "ds": pa.array(ds, pa.timestamp("ns")),
-        "mean": pa.array(np.asarray(mean, dtype=np.float64).reshape(n)),
-        "lower": pa.array(lower),
-        "upper": pa.array(upper),
+        "unique_id": pa.array(np.repeat(forecast.series_ids.astype(str), h), pa.string()),
+        "origin": pa.array(np.repeat(forecast.origins, h), pa.timestamp("ns")),
+        "step": pa.array(np.tile(np.arange(1, h + 1, dtype=np.int32), s), pa.int32()),
+        "ds": pa.array(forecast.timestamps.reshape(n), pa.timestamp("ns")),
+        "mean": pa.array(forecast.mean.reshape(n).astype(np.float64)),
+        "lower": pa.array(np.asarray(lower, dtype=np.float64)),
+        "upper": pa.array(np.asarray(upper, dtype=np.float64)),
         "level": pa.array(np.full(n, level, dtype=np.float64)),
-        "logged_at": pa.array(
-            np.full(n, np.datetime64(datetime.now(UTC).replace(tzinfo=None), "ms")),
-            pa.timestamp("ms", tz="UTC"),
-        ),
+        "logged_at": pa.array(np.full(n, now), pa.timestamp("ms", tz="UTC")),
     }
     return pa.table(columns, schema=SCHEMA)
 
@@ -118,20 +92,37 @@ def records(
 def records_from_frames(
     forecast: pd.DataFrame, history: pd.DataFrame, *, model_name: str, model_version: str
 ) -> pa.Table:
-    """Log rows of a ``Forecaster.predict`` frame and the history frame it was given."""
-    quantiles = {
-        q: forecast[quantile_column(q)].to_numpy(np.float64) for q in quantiles_in(forecast)
-    }
-    return records(
-        model_name=model_name,
-        model_version=model_version,
-        unique_id=forecast[ID].to_numpy(),
-        ds=forecast[TIME].to_numpy(dtype="datetime64[ns]"),
-        mean=forecast["mean"].to_numpy(np.float64),
-        quantiles=quantiles,
-        history_ids=history[ID].to_numpy(),
-        history_ds=history[TIME].to_numpy(),
+    """Log rows of a ``Forecaster.predict`` frame (H rows per series, in order) and the
+    history frame it was given (for the origins: its rows before each series' first forecast
+    step, so future covariate rows given with it are ignored)."""
+    ids = forecast[ID].astype(str).to_numpy()
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]]) if len(ids) else np.zeros(0, int)
+    s = len(starts)
+    h = len(ids) // s if s else 0
+    ds = forecast[TIME].to_numpy(dtype="datetime64[ns]").reshape(s, h)
+    h_ids = history[ID].astype(str).to_numpy()
+    h_ds = parse_timestamps(history[TIME])
+    first = pd.Series(ds[:, 0], index=ids[starts]) if s else pd.Series(dtype="datetime64[ns]")
+    before = h_ds < first.reindex(h_ids).to_numpy(dtype="datetime64[ns]")
+    last = pd.Series(h_ds[before]).groupby(h_ids[before]).max()
+    levels = tuple(quantiles_in(forecast))
+    quantiles = (
+        np.stack(
+            [forecast[quantile_column(q)].to_numpy(np.float64).reshape(s, h) for q in levels],
+            axis=-1,
+        )
+        if levels
+        else np.zeros((s, h, 0))
     )
+    arrays = ForecastArrays(
+        series_ids=ids[starts].astype(object),
+        origins=last.reindex(ids[starts]).to_numpy(dtype="datetime64[ns]"),
+        timestamps=ds,
+        mean=forecast["mean"].to_numpy(np.float64).reshape(s, h),
+        quantiles=quantiles,
+        levels=levels,
+    )
+    return records(arrays, model_name=model_name, model_version=model_version)
 
 
 class ForecastLog:

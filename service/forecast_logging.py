@@ -1,10 +1,11 @@
 """The service's side of the forecast log: every forecast it serves is recorded for monitoring.
 
-Online forecasts are recorded in the inference thread (a small Arrow table per request) and
-batch-job forecasts in the job's thread; a background task writes the buffer every
-``forecast_log_flush_s`` seconds and at shutdown. Logging never fails a request: a write
-error is logged and retried at the next flush, and rows past the buffer's bound are dropped
-and counted (``forecaster_forecast_log_rows_total{outcome="dropped"}``).
+Online forecasts are kept as they came (a list append in the inference thread, nothing on the
+request's path) and become log rows in the flusher, which runs every ``forecast_log_flush_s``
+seconds and at shutdown; batch-job forecasts become rows in the job's thread. Logging never
+fails a request: a write error is logged and retried at the next flush, and rows past the
+buffer's bound are dropped and counted (``forecaster_forecast_log_rows_total{outcome=
+"dropped"}``).
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 
+from forecaster.outputs import ForecastArrays
 from pipelines.forecast_log import ForecastLog, records, records_from_frames
 from service.inference import ItemForecast
 from service.metrics import ServiceMetrics
@@ -29,11 +33,22 @@ class ServiceForecastLog:
     """Records served forecasts into a ``ForecastLog`` and flushes it periodically."""
 
     def __init__(
-        self, directory: Path, metrics: ServiceMetrics, *, flush_s: float, retention_days: float
+        self,
+        directory: Path,
+        metrics: ServiceMetrics,
+        *,
+        flush_s: float,
+        retention_days: float,
+        max_pending_rows: int = 2_000_000,
     ):
         self.log = ForecastLog(directory, retention_days=retention_days)
         self.metrics = metrics
         self.flush_s = flush_s
+        self.max_pending_rows = max_pending_rows
+        # Online forecasts as they came, turned into log rows at flush, off the request path.
+        self._pending: list[tuple[ModelIdentity, ForecastArrays]] = []
+        self._pending_rows = 0
+        self._lock = threading.Lock()
 
     @classmethod
     def from_settings(
@@ -50,47 +65,53 @@ class ServiceForecastLog:
         )
 
     def record_item(self, forecast: ItemForecast) -> None:
-        """Record one online request's forecast (called in the inference thread)."""
-        s, h = forecast.mean.shape
-        identity = forecast.model.identity
-        history = forecast.parts.history
-        self._append(
-            lambda: records(
-                model_name=identity.name,
-                model_version=identity.version,
-                unique_id=pd.Series(forecast.series_ids).repeat(h).to_numpy(),
-                ds=forecast.timestamps.reshape(s * h),
-                mean=forecast.mean.reshape(s * h),
-                quantiles={q: a.reshape(s * h) for q, a in forecast.quantiles.items()},
-                history_ids=history["unique_id"],
-                history_ds=history["ds"],
-            )
-        )
+        """Record one online request's forecast (inference thread; a list append)."""
+        rows = forecast.arrays.mean.size
+        with self._lock:
+            if self._pending_rows + rows > self.max_pending_rows:
+                self.metrics.forecast_log_rows.labels("dropped").inc(rows)
+                return
+            self._pending.append((forecast.model.identity, forecast.arrays))
+            self._pending_rows += rows
 
     def record_frame(
         self, forecast: pd.DataFrame, history: pd.DataFrame, identity: ModelIdentity
     ) -> None:
-        """Record a batch job's forecast of one chunk of series (called in the job's thread)."""
-        self._append(
-            lambda: records_from_frames(
+        """Record a batch job's forecast of one chunk of series (the job's thread)."""
+        try:
+            table = records_from_frames(
                 forecast, history, model_name=identity.name, model_version=identity.version
             )
-        )
-
-    def _append(self, build) -> None:
-        try:
-            table = build()
-            dropped_before = self.log.dropped_rows
-            self.log.append(table)
-        except Exception:  # never fail a forecast because it could not be logged
-            logger.exception("forecast log: could not record a forecast")
+        except Exception:  # never fail a job because its forecast could not be logged
+            logger.exception("forecast log: could not record a batch job's forecast")
             return
-        dropped = self.log.dropped_rows - dropped_before
+        self._append(table)
+
+    def _append(self, table: pa.Table) -> None:
+        before = self.log.dropped_rows
+        self.log.append(table)
+        dropped = self.log.dropped_rows - before
         self.metrics.forecast_log_rows.labels("logged").inc(table.num_rows - dropped)
         if dropped:
             self.metrics.forecast_log_rows.labels("dropped").inc(dropped)
 
     def flush(self) -> None:
+        """Turn the pending online forecasts into log rows and write everything buffered."""
+        with self._lock:
+            pending, self._pending, self._pending_rows = self._pending, [], 0
+        groups: dict[tuple[str, str, tuple[float, ...], int], list[ForecastArrays]] = {}
+        for identity, arrays in pending:
+            key = (identity.name, identity.version, arrays.levels, arrays.mean.shape[1])
+            groups.setdefault(key, []).append(arrays)
+        for (name, version, _, _), parts in groups.items():
+            try:
+                table = records(
+                    ForecastArrays.concat(parts), model_name=name, model_version=version
+                )
+            except Exception:
+                logger.exception("forecast log: could not record %d forecast(s)", len(parts))
+                continue
+            self._append(table)
         try:
             self.log.flush()
         except OSError as exc:

@@ -22,7 +22,7 @@ from forecaster.data import quantile_column
 from forecaster.errors import ForecasterInputError, SeriesTooShortError
 from forecaster.forecaster import ModelInputs
 from forecaster.outputs import ForecastArrays
-from forecaster.time_axis import parse_timestamps, regular_range, steps_after
+from forecaster.time_axis import parse_datetimes, regular_range, steps_after
 from service.errors import InvalidInputError
 from service.model_manager import ServedModel
 from service.schemas import ForecastRequest, SeriesIn
@@ -111,14 +111,7 @@ class ItemForecast:
         """The forecasts of a request that was split into chunks, in order."""
         if len(chunks) == 1:
             return chunks[0]
-        a = [c.arrays for c in chunks]
-        arrays = ForecastArrays(
-            np.concatenate([x.series_ids for x in a]),
-            np.concatenate([x.timestamps for x in a]),
-            np.concatenate([x.mean for x in a]),
-            np.concatenate([x.quantiles for x in a]),
-            a[0].levels,
-        )
+        arrays = ForecastArrays.concat([c.arrays for c in chunks])
         return ItemForecast(chunks[0].model, arrays, FrameParts.concat([c.parts for c in chunks]))
 
 
@@ -183,7 +176,7 @@ def request_frames(
             )
         try:
             if s.timestamps is not None:
-                ds = parse_timestamps(pd.Series(s.timestamps, dtype=object))
+                ds = parse_datetimes(s.timestamps)
             else:
                 ds = regular_range(s.start, n, s.freq)
         except ForecasterInputError as exc:

@@ -237,11 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     from pipelines.registry import load_forecaster
 
     served = load_forecaster("models:/forecaster@champion", tracking_uri=tracking_uri).forecaster
-    history = data[data["unique_id"] == data["unique_id"].iat[0]].tail(served.min_history)
+    history = data[data["unique_id"] == data["unique_id"].iat[0]].tail(served.context_length)
     floor = in_process_floor(served, history)
-    print(f"in-process predict, 1 series x {served.min_history} points: {floor['p50_ms']:.2f} ms")
+    print(f"in-process predict, 1 series x {served.context_length} points: {floor['p50_ms']:.2f} ms")
 
-    big = batch_frame(data, args.batch_series, served.min_history)
+    big = batch_frame(data, args.batch_series, served.context_length)
     start = time.perf_counter()
     served.predict(big)
     in_process_batch_s = time.perf_counter() - start
@@ -369,7 +369,7 @@ def print_table(results: dict, levels: list[int], floor: dict, batch: dict, mode
     print(
         f"\nmodel: context {model.model_config.context_length}, horizon "
         f"{model.max_horizon}, d_model {model.model_config.d_model}; request: 1 series x "
-        f"{model.min_history} points; in-process predict floor p50 {floor['p50_ms']:.2f} ms\n"
+        f"{model.context_length} points; in-process predict floor p50 {floor['p50_ms']:.2f} ms\n"
     )
     header = "| concurrency | " + " | ".join(f"{n} req/s · p50 / p95 / p99 ms" for n in names)
     print(header + " |")

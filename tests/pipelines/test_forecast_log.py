@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from forecaster.outputs import ForecastArrays
 from pipelines.forecast_log import ForecastLog, read_log, records, records_from_frames
 
 
@@ -122,16 +123,18 @@ def test_old_files_are_pruned_and_junk_files_skipped(tmp_path):
 
 def test_records_from_arrays_match_the_frame_form():
     forecast, history = _forecast(), _history()
-    table = records(
-        model_name="m",
-        model_version="1",
-        unique_id=forecast["unique_id"].to_numpy(),
-        ds=forecast["ds"].to_numpy(),
-        mean=forecast["mean"].to_numpy(),
-        quantiles={0.1: forecast["q0.1"].to_numpy(), 0.9: forecast["q0.9"].to_numpy()},
-        history_ids=history["unique_id"].to_numpy(),
-        history_ds=pd.to_datetime(history["ds"]).to_numpy(),
+    arrays = ForecastArrays(
+        series_ids=np.array(["a", "b"], dtype=object),
+        origins=np.array(["2024-01-01T23:00", "2024-01-01T23:00"], dtype="datetime64[ns]"),
+        timestamps=forecast["ds"].to_numpy().reshape(2, 3),
+        mean=forecast["mean"].to_numpy().reshape(2, 3),
+        quantiles=np.stack(
+            [forecast["q0.1"].to_numpy().reshape(2, 3), forecast["q0.9"].to_numpy().reshape(2, 3)],
+            axis=-1,
+        ),
+        levels=(0.1, 0.9),
     )
+    table = records(arrays, model_name="m", model_version="1")
     expected = records_from_frames(forecast, history, model_name="m", model_version="1")
     pd.testing.assert_frame_equal(
         table.to_pandas().drop(columns="logged_at"), expected.to_pandas().drop(columns="logged_at")

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from forecaster.outputs import ForecastArrays
 from pipelines.forecast_log import read_log, records
 from pipelines.monitor import VersionAccuracy, degradation, score
 from pipelines.predict import predict_file
@@ -21,19 +22,19 @@ T = pd.date_range("2024-01-01", periods=7, freq="h")
 
 def _log_rows(version: str, sid: str, origin: int, means, lower=None, upper=None) -> pd.DataFrame:
     h = len(means)
-    quantiles = {}
+    quantiles, levels = np.zeros((1, h, 0)), ()
     if lower is not None:
-        quantiles = {0.1: np.asarray(lower, float), 0.9: np.asarray(upper, float)}
-    return records(
-        model_name="forecaster",
-        model_version=version,
-        unique_id=np.array([sid] * h),
-        ds=T[origin + 1 : origin + 1 + h].to_numpy(),
-        mean=np.asarray(means, float),
+        quantiles = np.stack([np.asarray(lower, float), np.asarray(upper, float)], axis=-1)[None]
+        levels = (0.1, 0.9)
+    arrays = ForecastArrays(
+        series_ids=np.array([sid], dtype=object),
+        origins=T[origin : origin + 1].to_numpy(),
+        timestamps=T[origin + 1 : origin + 1 + h].to_numpy()[None],
+        mean=np.asarray(means, float)[None],
         quantiles=quantiles,
-        history_ids=np.array([sid] * (origin + 1)),
-        history_ds=T[: origin + 1].to_numpy(),
-    ).to_pandas()
+        levels=levels,
+    )
+    return records(arrays, model_name="forecaster", model_version=version).to_pandas()
 
 
 def test_scores_match_a_hand_computation():

@@ -24,6 +24,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -32,19 +33,18 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from forecaster.columns import ID, TIME
-from forecaster.data import quantile_column
-from forecaster.metrics import quantiles_in
 from forecaster.outputs import ForecastArrays
-from forecaster.time_axis import parse_timestamps
 
 logger = logging.getLogger(__name__)
 
+# Text columns repeat (a version on every row, an id on every step): dictionary-encoded, they
+# cost an index per row in memory and on disk.
+_TEXT = pa.dictionary(pa.int32(), pa.string())
 SCHEMA = pa.schema(
     [
-        ("model_name", pa.string()),
-        ("model_version", pa.string()),
-        ("unique_id", pa.string()),
+        ("model_name", _TEXT),
+        ("model_version", _TEXT),
+        ("unique_id", _TEXT),
         ("origin", pa.timestamp("ns")),
         ("step", pa.int32()),
         ("ds", pa.timestamp("ns")),
@@ -74,9 +74,11 @@ def records(forecast: ForecastArrays, *, model_name: str, model_version: str) ->
         level = np.nan
     now = np.datetime64(datetime.now(UTC).replace(tzinfo=None), "ms")
     columns = {
-        "model_name": pa.array(np.full(n, model_name, dtype=object), pa.string()),
-        "model_version": pa.array(np.full(n, str(model_version), dtype=object), pa.string()),
-        "unique_id": pa.array(np.repeat(forecast.series_ids.astype(str), h), pa.string()),
+        "model_name": _repeated([model_name], np.zeros(n, dtype=np.int32)),
+        "model_version": _repeated([str(model_version)], np.zeros(n, dtype=np.int32)),
+        "unique_id": _repeated(
+            forecast.series_ids.astype(str), np.repeat(np.arange(s, dtype=np.int32), h)
+        ),
         "origin": pa.array(np.repeat(forecast.origins, h), pa.timestamp("ns")),
         "step": pa.array(np.tile(np.arange(1, h + 1, dtype=np.int32), s), pa.int32()),
         "ds": pa.array(forecast.timestamps.reshape(n), pa.timestamp("ns")),
@@ -89,40 +91,8 @@ def records(forecast: ForecastArrays, *, model_name: str, model_version: str) ->
     return pa.table(columns, schema=SCHEMA)
 
 
-def records_from_frames(
-    forecast: pd.DataFrame, history: pd.DataFrame, *, model_name: str, model_version: str
-) -> pa.Table:
-    """Log rows of a ``Forecaster.predict`` frame (H rows per series, in order) and the
-    history frame it was given (for the origins: its rows before each series' first forecast
-    step, so future covariate rows given with it are ignored)."""
-    ids = forecast[ID].astype(str).to_numpy()
-    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]]) if len(ids) else np.zeros(0, int)
-    s = len(starts)
-    h = len(ids) // s if s else 0
-    ds = forecast[TIME].to_numpy(dtype="datetime64[ns]").reshape(s, h)
-    h_ids = history[ID].astype(str).to_numpy()
-    h_ds = parse_timestamps(history[TIME])
-    first = pd.Series(ds[:, 0], index=ids[starts]) if s else pd.Series(dtype="datetime64[ns]")
-    before = h_ds < first.reindex(h_ids).to_numpy(dtype="datetime64[ns]")
-    last = pd.Series(h_ds[before]).groupby(h_ids[before]).max()
-    levels = tuple(quantiles_in(forecast))
-    quantiles = (
-        np.stack(
-            [forecast[quantile_column(q)].to_numpy(np.float64).reshape(s, h) for q in levels],
-            axis=-1,
-        )
-        if levels
-        else np.zeros((s, h, 0))
-    )
-    arrays = ForecastArrays(
-        series_ids=ids[starts].astype(object),
-        origins=last.reindex(ids[starts]).to_numpy(dtype="datetime64[ns]"),
-        timestamps=ds,
-        mean=forecast["mean"].to_numpy(np.float64).reshape(s, h),
-        quantiles=quantiles,
-        levels=levels,
-    )
-    return records(arrays, model_name=model_name, model_version=model_version)
+def _repeated(values: Sequence[str] | np.ndarray, index: np.ndarray) -> pa.DictionaryArray:
+    return pa.DictionaryArray.from_arrays(pa.array(index), pa.array(values, pa.string()))
 
 
 class ForecastLog:
@@ -222,7 +192,8 @@ def prune(directory: str | Path, retention_days: float) -> int:
 
 def empty_log() -> pd.DataFrame:
     """A log frame without rows (no log configured, or nothing logged yet)."""
-    return SCHEMA.empty_table().to_pandas()
+    frame = SCHEMA.empty_table().to_pandas()
+    return frame.astype({c: "str" for c in ("model_name", "model_version", "unique_id")})
 
 
 def read_log(directory: str | Path, *, model_name: str | None = None) -> pd.DataFrame:
@@ -244,7 +215,10 @@ def read_log(directory: str | Path, *, model_name: str | None = None) -> pd.Data
             logger.warning("forecast log: skipped unreadable file %s: %s", path, exc)
     if not tables:
         return empty_log()
-    frame = pa.concat_tables(tables).to_pandas()
+    table = pa.concat_tables(tables, promote_options="permissive")
+    frame = table.to_pandas()
+    for column in ("model_name", "model_version", "unique_id"):
+        frame[column] = frame[column].astype("str")
     if model_name is not None:
         frame = frame[frame["model_name"] == model_name]
     key = ["model_name", "model_version", "unique_id", "origin", "step"]

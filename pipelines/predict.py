@@ -32,8 +32,9 @@ from tqdm import tqdm
 from forecaster import Forecaster
 from forecaster.data import load_frame
 from forecaster.errors import EmptyDataError, ForecasterInputError, MissingColumnsError
+from forecaster.outputs import ForecastArrays
 from forecaster.validation import ID, TARGET, TIME
-from pipelines.forecast_log import ForecastLog, records_from_frames
+from pipelines.forecast_log import ForecastLog, records
 from pipelines.registry import ModelRef, load_forecaster
 
 logger = logging.getLogger(__name__)
@@ -214,8 +215,9 @@ def forecast_batch(
     *,
     horizon: int | None = None,
     quantiles: Sequence[float] | None = None,
-) -> pd.DataFrame:
-    """One batched ``predict`` of the complete series in ``batch``, as a file's rows hold them.
+) -> ForecastArrays:
+    """One batched forecast of the complete series in ``batch``, as a file's rows hold them
+    (``.to_frame()`` gives what ``Forecaster.predict`` returns).
 
     With known-future covariates, a series' rows with an empty ``y`` are its future.
     """
@@ -224,7 +226,9 @@ def forecast_batch(
         is_future = pd.to_numeric(batch[TARGET], errors="coerce").isna().to_numpy()
         history = batch[~is_future].reset_index(drop=True)
         future = batch[is_future].reset_index(drop=True)
-    return forecaster.predict(history, horizon=horizon, quantiles=quantiles, future_df=future)
+    steps = forecaster.check_horizon(horizon)
+    levels = forecaster.check_quantiles(quantiles)
+    return forecaster.forecast(forecaster.prepare(history, future, steps)).select(steps, levels)
 
 
 def predict_file(
@@ -289,13 +293,9 @@ def predict_file(
     try:
         for batch in series_batches(chunks, chunk_series):
             forecast = forecast_batch(forecaster, batch, horizon=horizon, quantiles=quantiles)
-            writer.write(forecast)
+            writer.write(forecast.to_frame())
             if log is not None:
-                log.append(
-                    records_from_frames(
-                        forecast, batch, model_name=ref.name, model_version=ref.version
-                    )
-                )
+                log.append(records(forecast, model_name=ref.name, model_version=ref.version))
             n_series += int(batch[ID].nunique())
             n_rows += len(batch)
             bar.update(len(batch))

@@ -213,7 +213,7 @@ def output_schema(
             **{name: 0.0 for name in covariates},
         }
     )
-    sample = forecast_batch(forecaster, probe, horizon=horizon, quantiles=quantiles)
+    sample = forecast_batch(forecaster, probe, horizon=horizon, quantiles=quantiles).to_frame()
     fields = [StructField(ID, StringType()), StructField(TIME, TimestampNTZType())]
     for name in sample.columns[2:]:
         kind = FloatType() if sample[name].dtype == np.float32 else DoubleType()
@@ -245,7 +245,7 @@ def _forecast_group(
     frame = _read_csv_missing(frame, [TARGET, *forecaster.model_config.covariates])
     forecast = forecast_batch(
         forecaster, _in_time_order(frame), horizon=horizon, quantiles=quantiles
-    )
+    ).to_frame()
     return forecast[list(columns)]
 
 

@@ -1,8 +1,8 @@
 """The service's side of the forecast log: every forecast it serves is recorded for monitoring.
 
-Online forecasts are kept as they came (a list append in the inference thread, nothing on the
-request's path) and become log rows in the flusher, which runs every ``forecast_log_flush_s``
-seconds and at shutdown; batch-job forecasts become rows in the job's thread. Logging never
+Forecasts are kept as they came (a list append in the inference thread or a batch job's
+thread, nothing on the request's path) and become log rows in the flusher, which runs every
+``forecast_log_flush_s`` seconds and at shutdown. Logging never
 fails a request: a write error is logged and retried at the next flush, and rows past the
 buffer's bound are dropped and counted (``forecaster_forecast_log_rows_total{outcome=
 "dropped"}``).
@@ -16,11 +16,10 @@ import logging
 import threading
 from pathlib import Path
 
-import pandas as pd
 import pyarrow as pa
 
 from forecaster.outputs import ForecastArrays
-from pipelines.forecast_log import ForecastLog, records, records_from_frames
+from pipelines.forecast_log import ForecastLog, records
 from service.inference import ItemForecast
 from service.metrics import ServiceMetrics
 from service.model_manager import ModelIdentity
@@ -65,27 +64,18 @@ class ServiceForecastLog:
         )
 
     def record_item(self, forecast: ItemForecast) -> None:
-        """Record one online request's forecast (inference thread; a list append)."""
-        rows = forecast.arrays.mean.size
+        """Record one online request's forecast (inference thread)."""
+        self.record(forecast.arrays, forecast.model.identity)
+
+    def record(self, forecast: ForecastArrays, identity: ModelIdentity) -> None:
+        """Keep a forecast to be logged at the next flush (a list append)."""
+        rows = forecast.mean.size
         with self._lock:
             if self._pending_rows + rows > self.max_pending_rows:
                 self.metrics.forecast_log_rows.labels("dropped").inc(rows)
                 return
-            self._pending.append((forecast.model.identity, forecast.arrays))
+            self._pending.append((identity, forecast))
             self._pending_rows += rows
-
-    def record_frame(
-        self, forecast: pd.DataFrame, history: pd.DataFrame, identity: ModelIdentity
-    ) -> None:
-        """Record a batch job's forecast of one chunk of series (the job's thread)."""
-        try:
-            table = records_from_frames(
-                forecast, history, model_name=identity.name, model_version=identity.version
-            )
-        except Exception:  # never fail a job because its forecast could not be logged
-            logger.exception("forecast log: could not record a batch job's forecast")
-            return
-        self._append(table)
 
     def _append(self, table: pa.Table) -> None:
         before = self.log.dropped_rows

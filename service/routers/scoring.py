@@ -199,15 +199,17 @@ async def invocations(
     parts = await asyncio.to_thread(build)
     ids, lengths = parts.series()
     rules.check_limits(ids, lengths, settings, values_field="y")
+    size = settings.max_batch_size
+    split = parts.split(size) if len(ids) > size else [parts]
     chunks = [
         OnlineItem(
             model=served,
             horizon=horizon,
             quantiles=quantiles,
-            n_series=len(chunk.series()[0]),
+            n_series=min(size, len(ids) - k * size),
             build=lambda chunk=chunk: chunk,
         )
-        for chunk in parts.split(settings.max_batch_size)
+        for k, chunk in enumerate(split)
     ]
     content = await run_online(request, batcher, chunks, render_mlflow, settings.request_timeout_s)
     return Response(content, media_type="application/json")

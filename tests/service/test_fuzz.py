@@ -12,7 +12,8 @@ from service.app import create_app
 from service.model_manager import StaticSource
 from service.settings import ServiceSettings
 
-MAX_EXAMPLES = 30
+# Schemathesis's own default: enough to find a 500 on a long request path within seconds.
+MAX_EXAMPLES = 100
 
 
 def _operations() -> list[str]:

@@ -239,7 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     served = load_forecaster("models:/forecaster@champion", tracking_uri=tracking_uri).forecaster
     history = data[data["unique_id"] == data["unique_id"].iat[0]].tail(served.context_length)
     floor = in_process_floor(served, history)
-    print(f"in-process predict, 1 series x {served.context_length} points: {floor['p50_ms']:.2f} ms")
+    print(
+        f"in-process predict, 1 series x {served.context_length} points: {floor['p50_ms']:.2f} ms"
+    )
 
     big = batch_frame(data, args.batch_series, served.context_length)
     start = time.perf_counter()

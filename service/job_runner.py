@@ -3,7 +3,8 @@
 `batch_workers` asyncio tasks claim jobs from the store and run each in a worker thread (one
 thread per worker, so at most `batch_workers` jobs hold memory at once). While a job runs, a
 heartbeat renews its lease; on a graceful stop a running job is handed back to the queue, and
-after a crash the next start claims it again because its owner is gone.
+after a crash the next start (or, sharing a PostgreSQL store, another replica once the lease has
+expired) claims it again.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import contextlib
 import logging
 import shutil
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
 from service.jobs import (
+    ForecastHook,
     Job,
     JobContext,
     JobFiles,
@@ -34,6 +37,8 @@ from service.model_manager import ModelManager
 logger = logging.getLogger(__name__)
 
 IDLE_POLL_S = 1.0
+# An upload being received writes its file continuously; one untouched this long is abandoned.
+ORPHAN_AGE_S = 3600.0
 
 
 class JobRunner:
@@ -48,8 +53,10 @@ class JobRunner:
         chunk_series: int,
         partition_bytes: int,
         lease_s: float,
+        on_forecast: ForecastHook | None = None,
     ):
         self.store = store
+        self.on_forecast = on_forecast
         self.jobs_dir = Path(jobs_dir)
         self.manager = manager
         self.metrics = metrics
@@ -87,12 +94,15 @@ class JobRunner:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _cleanup_orphans(self) -> None:
-        """Job directories without a row are uploads that were never accepted: remove them."""
+        """Job directories without a row are uploads never accepted, or still on their way in
+        another worker process or replica sharing the directory: remove those left alone for
+        ORPHAN_AGE_S."""
         if not self.jobs_dir.exists():
             return
         known = self.store.ids()
+        cutoff = time.time() - ORPHAN_AGE_S
         for path in self.jobs_dir.iterdir():
-            if path.is_dir() and path.name not in known:
+            if path.is_dir() and path.name not in known and _last_change(path) < cutoff:
                 shutil.rmtree(path, ignore_errors=True)
 
     async def _worker(self, index: int) -> None:
@@ -132,6 +142,7 @@ class JobRunner:
             partition_bytes=self.partition_bytes,
             report=report,
             stopping=self._stopping,
+            on_forecast=self.on_forecast,
         )
         heartbeat = asyncio.create_task(self._heartbeat(job.id))
         loop = asyncio.get_running_loop()
@@ -173,6 +184,15 @@ class JobRunner:
                 await asyncio.to_thread(self.store.update, job_id, self.owner)
             except Exception:
                 logger.exception("heartbeat for batch job %s failed", job_id)
+
+
+def _last_change(directory: Path) -> float:
+    """The newest modification time of a directory and the files directly in it."""
+    times = [directory.stat().st_mtime]
+    for path in directory.iterdir():
+        with contextlib.suppress(FileNotFoundError):  # removed meanwhile
+            times.append(path.stat().st_mtime)
+    return max(times)
 
 
 def _run_in_inference_mode(ctx: JobContext) -> None:

@@ -1,9 +1,11 @@
-"""Batch jobs: persisted in SQLite plus files under the data directory, never lost.
+"""Batch jobs: persisted in a database plus files under the data directory, never lost.
 
+The database is SQLite (default) or PostgreSQL, which replicas share along with the data
+directory: a job submitted to one replica is seen, run and downloaded by any.
 A job is accepted only after its input is on disk (fsynced) and its row is committed, so a
 crash after the 202 loses nothing. Workers claim jobs with a lease in the database; a job whose
-worker died (its process is gone, or it stopped renewing the lease) is claimed again and resumes
-where it stopped: finished partitions are kept, the rest run again.
+worker died (it stopped renewing the lease, or on SQLite its process is gone) is claimed again
+and resumes where it stopped: finished partitions are kept, the rest run again.
 
 Memory stays bounded whatever the input size: the input is streamed once into hash partitions
 of about `batch_partition_bytes` each (all rows of a series land in the same partition), and
@@ -14,17 +16,17 @@ appended to that partition's Parquet part. The parts are finally streamed into o
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import math
 import os
 import shutil
 import socket
-import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,8 +36,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
+from sqlalchemy import create_engine, event, make_url, text
 
 from forecaster.errors import ForecasterInputError
+from forecaster.outputs import ForecastArrays
+from pipelines.predict import forecast_batch
 from service.errors import InvalidInputError
 from service.model_manager import ServedModel
 
@@ -48,34 +53,38 @@ PARQUET_MAGIC = b"PAR1"
 # Parquet compresses; its rows take several times the file size once in memory.
 PARQUET_EXPANSION = 4
 
+# Types that mean the same in both databases: SQLite reads DOUBLE PRECISION as REAL and BIGINT
+# as INTEGER, while PostgreSQL's REAL (4 bytes) could not hold a timestamp to the second.
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY,
     status TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    started_at REAL,
-    finished_at REAL,
+    created_at DOUBLE PRECISION NOT NULL,
+    started_at DOUBLE PRECISION,
+    finished_at DOUBLE PRECISION,
     input_path TEXT NOT NULL,
     input_owned INTEGER NOT NULL,
     input_format TEXT NOT NULL,
-    input_bytes INTEGER NOT NULL,
+    input_bytes BIGINT NOT NULL,
     output_format TEXT NOT NULL,
     horizon INTEGER,
     quantiles TEXT,
-    rows_total INTEGER,
-    rows_done INTEGER NOT NULL DEFAULT 0,
-    series_done INTEGER NOT NULL DEFAULT 0,
+    rows_total BIGINT,
+    rows_done BIGINT NOT NULL DEFAULT 0,
+    series_done BIGINT NOT NULL DEFAULT 0,
     model_name TEXT,
     model_version TEXT,
     model_alias TEXT,
     model_run_id TEXT,
     owner TEXT,
-    heartbeat_at REAL,
+    heartbeat_at DOUBLE PRECISION,
     attempts INTEGER NOT NULL DEFAULT 0,
     error TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status, created_at);
 """
+# Any fixed number: replicas starting together take this advisory lock to create the table.
+_SCHEMA_LOCK = 7_302_118_841
 
 
 @dataclass(frozen=True)
@@ -107,7 +116,7 @@ class Job:
     error: dict[str, Any] | None
 
     @classmethod
-    def from_row(cls, row: sqlite3.Row) -> Job:
+    def from_row(cls, row: Mapping[str, Any]) -> Job:
         values = dict(row)
         values["input_owned"] = bool(values["input_owned"])
         values["quantiles"] = json.loads(values["quantiles"]) if values["quantiles"] else None
@@ -152,25 +161,73 @@ def _owner_is_dead(owner: str | None, me: str) -> bool:
     return False
 
 
+def job_store_url(location: str | Path) -> str:
+    """The SQLAlchemy URL of a job store: a SQLite file (a path, or sqlite:///PATH) or a
+    PostgreSQL database (postgresql://... or postgresql+psycopg://..., driven by psycopg).
+
+    Raises:
+        ValueError: another kind of URL, or PostgreSQL without psycopg installed.
+    """
+    if isinstance(location, Path) or "://" not in location:
+        return f"sqlite:///{location}"
+    scheme, rest = location.split("://", 1)
+    if scheme == "sqlite":
+        return location
+    if scheme in ("postgresql", "postgresql+psycopg"):
+        if importlib.util.find_spec("psycopg") is None:
+            raise ValueError(
+                "jobs_db: a PostgreSQL job store needs the psycopg driver, which is not "
+                "installed; pip install 'forecaster[postgres]'"
+            )
+        return f"postgresql+psycopg://{rest}"
+    # the scheme only: the rest may hold a password
+    raise ValueError(
+        "jobs_db: expected a SQLite file path, sqlite:///PATH or "
+        f"postgresql+psycopg://USER:PASSWORD@HOST:PORT/DATABASE, got a {scheme}:// URL"
+    )
+
+
 class JobStore:
-    """The jobs table. Every method opens its own connection: safe from any thread."""
+    """The jobs table, in SQLite (one host: the default) or PostgreSQL (shared by replicas).
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as conn:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(_SCHEMA)
+    Every method runs in its own short transaction on a pooled connection: safe from any
+    thread or process. Both databases run the same SQL (PostgreSQL adds a lock around creating
+    the table). They differ in how a dead worker is recognised: in SQLite every worker is on
+    this host, so one whose process is gone is known dead at once, while a shared store knows
+    only leases (pids mean nothing on another host).
+    """
 
-    @contextlib.contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
-        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA synchronous=FULL")
-        try:
-            yield conn
-        finally:
-            conn.close()
+    def __init__(self, location: str | Path):
+        url = job_store_url(location)
+        self.shared = url.startswith("postgresql")
+        if self.shared:
+            self.engine = create_engine(
+                url, pool_pre_ping=True, connect_args={"connect_timeout": 10}
+            )
+        else:
+            path = Path(make_url(url).database or "jobs.db")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.engine = create_engine(url, connect_args={"timeout": 30})
+            event.listen(self.engine, "connect", _sqlite_durable)
+            with self.engine.connect() as conn:
+                conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+        with self.engine.begin() as conn:
+            if self.shared:  # replicas starting together would race to create the table
+                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK})
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                conn.exec_driver_sql(statement)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def _query(self, sql: str, **params: Any) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            return [dict(row) for row in conn.execute(text(sql), params).mappings()]
+
+    def _execute(self, sql: str, **params: Any) -> int:
+        """One write in its own transaction; returns the number of rows it changed."""
+        with self.engine.begin() as conn:
+            return conn.execute(text(sql), params).rowcount
 
     def create(self, **values: Any) -> Job:
         values = dict(values)
@@ -180,127 +237,145 @@ class JobStore:
             values["quantiles"] = json.dumps(list(values["quantiles"]))
         values["input_owned"] = int(bool(values.get("input_owned", True)))
         columns = ", ".join(values)
-        marks = ", ".join("?" for _ in values)
-        with self._connect() as conn:
-            conn.execute(f"INSERT INTO jobs ({columns}) VALUES ({marks})", tuple(values.values()))
+        marks = ", ".join(f":{k}" for k in values)
+        self._execute(f"INSERT INTO jobs ({columns}) VALUES ({marks})", **values)
         job = self.get(values["id"])
         assert job is not None
         return job
 
     def get(self, job_id: str) -> Job | None:
-        with self._connect() as conn:
-            row = conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return Job.from_row(row) if row else None
+        rows = self._query("SELECT * FROM jobs WHERE id = :id", id=job_id)
+        return Job.from_row(rows[0]) if rows else None
 
     def list(self, limit: int = 100, status: str | None = None) -> list[Job]:
-        query = "SELECT * FROM jobs"
-        args: tuple[Any, ...] = ()
-        if status:
-            query += " WHERE status = ?"
-            args = (status,)
-        query += " ORDER BY created_at DESC LIMIT ?"
-        with self._connect() as conn:
-            rows = conn.execute(query, (*args, limit)).fetchall()
+        where = " WHERE status = :status" if status else ""
+        rows = self._query(
+            f"SELECT * FROM jobs{where} ORDER BY created_at DESC LIMIT :limit",
+            status=status,
+            limit=limit,
+        )
         return [Job.from_row(r) for r in rows]
 
     def count_pending(self) -> int:
-        with self._connect() as conn:
-            row = conn.execute(
-                "SELECT COUNT(*) FROM jobs WHERE status IN ('queued', 'running')"
-            ).fetchone()
-        return int(row[0])
+        rows = self._query("SELECT COUNT(*) AS n FROM jobs WHERE status IN ('queued', 'running')")
+        return int(rows[0]["n"])
 
     def claim(self, owner: str, lease_s: float) -> Job | None:
-        """Take the oldest queued job, or a running one whose worker is gone."""
-        now = time.time()
-        with self._connect() as conn:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                chosen = conn.execute(
-                    "SELECT * FROM jobs WHERE status = 'queued' ORDER BY created_at LIMIT 1"
-                ).fetchone()
-                if chosen is None:
-                    for row in conn.execute(
-                        "SELECT * FROM jobs WHERE status = 'running' ORDER BY created_at"
-                    ).fetchall():
-                        stale = (row["heartbeat_at"] or 0) < now - lease_s
-                        if stale or _owner_is_dead(row["owner"], owner):
-                            chosen = row
-                            break
-                if chosen is None:
-                    conn.execute("COMMIT")
-                    return None
-                if chosen["status"] == "running" and chosen["attempts"] >= MAX_ATTEMPTS:
-                    error = {
-                        "error": "worker_lost",
-                        "detail": f"the job's worker stopped {chosen['attempts']} times while "
-                        "running it (killed or out of memory?); giving up",
-                    }
-                    conn.execute(
-                        "UPDATE jobs SET status = 'failed', finished_at = ?, error = ?, "
-                        "owner = NULL WHERE id = ?",
-                        (now, json.dumps(error), chosen["id"]),
-                    )
-                    conn.execute("COMMIT")
-                    return self.claim(owner, lease_s)
-                conn.execute(
-                    "UPDATE jobs SET status = 'running', owner = ?, heartbeat_at = ?, "
-                    "started_at = COALESCE(started_at, ?), attempts = attempts + 1 WHERE id = ?",
-                    (owner, now, now, chosen["id"]),
+        """Take the oldest queued job, or a running one whose worker is gone.
+
+        The row is read, then changed only if it is still as read (compare-and-set), so of
+        two workers reading the same row, threads, processes or replicas alike, one wins and
+        the other looks again; no lock is held in between.
+        """
+        while True:
+            now = time.time()
+            seen = self._takeable(owner, lease_s, now)
+            if seen is None:
+                return None
+            if seen["status"] == "running" and seen["attempts"] >= MAX_ATTEMPTS:
+                error = {
+                    "error": "worker_lost",
+                    "detail": f"the job's worker stopped {seen['attempts']} times while "
+                    "running it (killed or out of memory?); giving up",
+                }
+                self._take(
+                    seen,
+                    "status = 'failed', finished_at = :now, error = :error, owner = NULL",
+                    now=now,
+                    error=json.dumps(error),
                 )
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-        return self.get(chosen["id"])
+            elif self._take(
+                seen,
+                "status = 'running', owner = :owner, heartbeat_at = :now, "
+                "started_at = COALESCE(started_at, :now), attempts = attempts + 1",
+                owner=owner,
+                now=now,
+            ):
+                return self.get(seen["id"])
+
+    def _takeable(self, owner: str, lease_s: float, now: float) -> dict[str, Any] | None:
+        queued = self._query(
+            "SELECT * FROM jobs WHERE status = 'queued' ORDER BY created_at LIMIT 1"
+        )
+        if queued:
+            return queued[0]
+        for row in self._query("SELECT * FROM jobs WHERE status = 'running' ORDER BY created_at"):
+            expired = (row["heartbeat_at"] or 0) < now - lease_s
+            if expired or (not self.shared and _owner_is_dead(row["owner"], owner)):
+                return row
+        return None
+
+    def _take(self, seen: Mapping[str, Any], assignments: str, **values: Any) -> bool:
+        """Apply `assignments` to the job `seen` if no one changed its row since it was read
+        (a worker that renews its lease or takes the job changes heartbeat_at and owner)."""
+        changed = self._execute(
+            f"UPDATE jobs SET {assignments} WHERE id = :id AND status = :seen_status "
+            "AND COALESCE(owner, '') = :seen_owner "
+            "AND COALESCE(heartbeat_at, 0) = :seen_heartbeat",
+            id=seen["id"],
+            seen_status=seen["status"],
+            seen_owner=seen["owner"] or "",
+            seen_heartbeat=seen["heartbeat_at"] or 0.0,
+            **values,
+        )
+        return changed == 1
 
     def update(self, job_id: str, owner: str, **values: Any) -> bool:
         """Progress and heartbeat; False when this worker no longer owns the running job."""
         values["heartbeat_at"] = time.time()
-        assignments = ", ".join(f"{k} = ?" for k in values)
-        with self._connect() as conn:
-            cur = conn.execute(
-                f"UPDATE jobs SET {assignments} WHERE id = ? AND owner = ? AND status = 'running'",
-                (*values.values(), job_id, owner),
-            )
-        return cur.rowcount == 1
+        assignments = ", ".join(f"{k} = :{k}" for k in values)
+        changed = self._execute(
+            f"UPDATE jobs SET {assignments} "
+            "WHERE id = :job_id AND owner = :me AND status = 'running'",
+            job_id=job_id,
+            me=owner,
+            **values,
+        )
+        return changed == 1
 
     def finish(
         self, job_id: str, owner: str, status: str, error: dict[str, Any] | None = None
     ) -> bool:
-        with self._connect() as conn:
-            cur = conn.execute(
-                "UPDATE jobs SET status = ?, finished_at = ?, error = ?, owner = NULL "
-                "WHERE id = ? AND owner = ? AND status = 'running'",
-                (status, time.time(), json.dumps(error) if error else None, job_id, owner),
-            )
-        return cur.rowcount == 1
+        changed = self._execute(
+            "UPDATE jobs SET status = :status, finished_at = :now, error = :error, owner = NULL "
+            "WHERE id = :id AND owner = :owner AND status = 'running'",
+            status=status,
+            now=time.time(),
+            error=json.dumps(error) if error else None,
+            id=job_id,
+            owner=owner,
+        )
+        return changed == 1
 
     def release(self, job_id: str, owner: str) -> None:
         """Give a running job back to the queue (graceful shutdown); it resumes elsewhere."""
-        with self._connect() as conn:
-            conn.execute(
-                "UPDATE jobs SET status = 'queued', owner = NULL, attempts = MAX(attempts - 1, 0) "
-                "WHERE id = ? AND owner = ? AND status = 'running'",
-                (job_id, owner),
-            )
+        self._execute(
+            "UPDATE jobs SET status = 'queued', owner = NULL, "
+            "attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END "
+            "WHERE id = :id AND owner = :owner AND status = 'running'",
+            id=job_id,
+            owner=owner,
+        )
 
     def cancel(self, job_id: str) -> Job | None:
-        with self._connect() as conn:
-            conn.execute(
-                "UPDATE jobs SET status = 'cancelled', finished_at = ?, owner = NULL "
-                "WHERE id = ? AND status IN ('queued', 'running')",
-                (time.time(), job_id),
-            )
+        self._execute(
+            "UPDATE jobs SET status = 'cancelled', finished_at = :now, owner = NULL "
+            "WHERE id = :id AND status IN ('queued', 'running')",
+            now=time.time(),
+            id=job_id,
+        )
         return self.get(job_id)
 
     def delete(self, job_id: str) -> None:
-        with self._connect() as conn:
-            conn.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+        self._execute("DELETE FROM jobs WHERE id = :id", id=job_id)
 
     def ids(self) -> set[str]:
-        with self._connect() as conn:
-            return {r[0] for r in conn.execute("SELECT id FROM jobs").fetchall()}
+        return {row["id"] for row in self._query("SELECT id FROM jobs")}
+
+
+def _sqlite_durable(dbapi_connection: Any, _record: Any) -> None:
+    """Every SQLite connection waits for its commits to reach the disk."""
+    dbapi_connection.execute("PRAGMA synchronous=FULL")
 
 
 # -- files ---------------------------------------------------------------------------------------
@@ -321,6 +396,12 @@ class JobFiles:
 
     def result(self, fmt: str) -> Path:
         return self.result_csv if fmt == "csv" else self.result_parquet
+
+
+def temp_beside(path: Path) -> Path:
+    """A temporary name for writing `path` then renaming it into place; unique, because two
+    writers may meet: concurrent downloads, or a stalled worker whose job was taken over."""
+    return path.with_name(f"{path.name}.{uuid.uuid4().hex[:12]}.tmp")
 
 
 def fsync_file(path: Path) -> None:
@@ -464,6 +545,10 @@ def _unify(batches: list[pa.RecordBatch]) -> pa.Table:
 # -- processing ----------------------------------------------------------------------------------
 
 
+# (a chunk's forecast, the model's identity) -> None
+ForecastHook = Callable[[ForecastArrays, Any], None]
+
+
 class JobStopped(Exception):
     """The job was cancelled, taken over, or the service is stopping."""
 
@@ -477,6 +562,7 @@ class JobContext:
     partition_bytes: int
     report: Callable[..., bool]  # update(**progress) -> still ours?
     stopping: threading.Event
+    on_forecast: ForecastHook | None = None  # sees each chunk's forecast (the forecast log)
 
 
 def process_job(ctx: JobContext) -> None:
@@ -702,7 +788,7 @@ def _forecast_partition(
 ) -> tuple[int, int]:
     """Forecast one partition in chunks of series; write its part file atomically."""
     forecaster = ctx.served.forecaster
-    tmp = part.with_suffix(".tmp")
+    tmp = temp_beside(part)
     if table.num_rows == 0:
         _empty_result(forecaster, ctx.job).to_parquet(tmp, index=False)
         os.replace(tmp, part)
@@ -722,7 +808,12 @@ def _forecast_partition(
             if ctx.stopping.is_set():
                 raise JobStopped("service stopping")
             chunk = frame.iloc[lo:hi]
-            out = forecaster.predict(chunk, horizon=ctx.job.horizon, quantiles=ctx.job.quantiles)
+            arrays = forecast_batch(
+                forecaster, chunk, horizon=ctx.job.horizon, quantiles=ctx.job.quantiles
+            )
+            out = arrays.to_frame()
+            if ctx.on_forecast is not None:
+                ctx.on_forecast(arrays, ctx.served.identity)
             result = pa.Table.from_pandas(out, preserve_index=False)
             if writer is None:
                 writer = pq.ParquetWriter(tmp, result.schema)
@@ -758,7 +849,7 @@ def _assemble(files: JobFiles, n_parts: int, output_format: str) -> None:
     # Empty partitions hold a schema-only table; take the schema from one with rows.
     with_rows = [p for p in parts if pq.ParquetFile(p).metadata.num_rows]
     schema = pq.read_schema(with_rows[0] if with_rows else parts[0])
-    tmp = files.result_parquet.with_suffix(".tmp")
+    tmp = temp_beside(files.result_parquet)
     with pq.ParquetWriter(tmp, schema) as writer:
         for path in parts:
             pf = pq.ParquetFile(path)
@@ -773,7 +864,7 @@ def _assemble(files: JobFiles, n_parts: int, output_format: str) -> None:
 
 def write_csv(parquet_path: Path, csv_path: Path) -> None:
     """Stream a Parquet result into CSV (row group by row group)."""
-    tmp = csv_path.with_suffix(".tmp")
+    tmp = temp_beside(csv_path)
     pf = pq.ParquetFile(parquet_path)
     with pacsv.CSVWriter(tmp, pf.schema_arrow) as writer:
         for i in range(pf.num_row_groups):

@@ -65,9 +65,11 @@ class ServiceSettings(BaseSettings):
     max_series_per_request: int = Field(1000, ge=1)
     max_history_length: int = Field(20_000, ge=1)
     max_upload_bytes: int = Field(4 * 1024**3, ge=1024)
+    # Series per request with include_attention: the maps are ~80x the forecast's size.
+    max_attention_series: int = Field(16, ge=1)
 
     # Batch jobs: SQLite database and files live here; jobs submitted by path must name a
-    # file under `input_dir` (default: `<data_dir>/inputs`).
+    # file under `input_dir` (default: `<data_dir>/inputs`), which is only read.
     data_dir: Path = Path("data/service")
     input_dir: Path | None = None
     # Jobs processed at the same time, series per model call within a job, and the input
@@ -77,6 +79,20 @@ class ServiceSettings(BaseSettings):
     batch_partition_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     # A running job whose worker has not reported for this long is taken over by another.
     job_lease_s: float = Field(60.0, gt=0)
+    # The batch-job database: None is SQLite at <data_dir>/jobs.db, for one host. Replicas share
+    # jobs through PostgreSQL (postgresql+psycopg://USER:PASSWORD@HOST:PORT/DB) plus a data_dir
+    # they all mount at the same path.
+    jobs_db: str | None = None
+
+    # Every forecast served (online and batch) is appended to the forecast log, which
+    # `forecaster retrain` / `forecaster monitor` score once the actuals arrive (point their
+    # `forecast_log` setting here). Default directory: `<data_dir>/forecast_log`.
+    forecast_log: bool = True
+    forecast_log_dir: Path | None = None
+    # Buffered rows are written every this many seconds (and at shutdown); log files older
+    # than the retention are deleted.
+    forecast_log_flush_s: float = Field(10.0, gt=0)
+    forecast_log_retention_days: float = Field(90.0, gt=0)
 
     log_level: str = "info"
 
@@ -103,6 +119,13 @@ class ServiceSettings(BaseSettings):
         value = value.strip()
         parse_model_uri(value)  # InvalidModelUriError is a ValueError: pydantic reports it
         return value
+
+    @field_validator("jobs_db")
+    @classmethod
+    def _check_jobs_db(cls, value: str | None) -> str | None:
+        from service.jobs import job_store_url  # the one parser of job-store locations
+
+        return job_store_url(value.strip()) if value and value.strip() else None
 
     @field_validator("device")
     @classmethod
@@ -133,14 +156,22 @@ class ServiceSettings(BaseSettings):
     def _check_dirs(self) -> ServiceSettings:
         if self.input_dir is None:
             self.input_dir = self.data_dir / "inputs"
-        for name in ("data_dir", "input_dir"):
+        if self.forecast_log_dir is None:
+            self.forecast_log_dir = self.data_dir / "forecast_log"
+        # Jobs and downloaded models are written under data_dir; inputs are only read, so the
+        # input directory may be a read-only mount.
+        for name, access, needs in (
+            ("data_dir", os.W_OK | os.X_OK, "writable"),
+            ("input_dir", os.R_OK | os.X_OK, "readable"),
+        ):
             path = Path(getattr(self, name))
-            try:
-                path.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise ValueError(f"{name}: cannot create {str(path)!r}: {exc}") from exc
-            if not os.access(path, os.W_OK | os.X_OK):
-                raise ValueError(f"{name}: {str(path)!r} is not writable")
+            if not path.is_dir():
+                try:
+                    path.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise ValueError(f"{name}: cannot create {str(path)!r}: {exc}") from exc
+            if not os.access(path, access):
+                raise ValueError(f"{name}: expected a {needs} directory, {str(path)!r} is not")
         return self
 
     @property

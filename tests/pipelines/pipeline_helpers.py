@@ -8,11 +8,11 @@ only ever added to, never changed).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from forecaster.synthetic import generate_synthetic
@@ -37,6 +37,16 @@ TINY_TRAIN = {
     "device": "cpu",
 }
 N_SERIES, N_STEPS = 4, 24 * 10
+# Trained enough (high learning rate, a few epochs) that the champion beats seasonal naive.
+PROMOTABLE_TRAIN = {
+    "max_epochs": 6,
+    "patience": 6,
+    "learning_rate": 0.01,
+    "batch_size": 64,
+    "max_windows_per_epoch": 512,
+    "progress": False,
+    "device": "cpu",
+}
 
 
 def synthetic(seed: int = 0, n_series: int = N_SERIES, n_steps: int = N_STEPS) -> pd.DataFrame:
@@ -48,6 +58,7 @@ def store_kwargs(root: Path) -> dict:
         "tracking_uri": f"sqlite:///{root / 'mlflow.db'}",
         "artifact_location": str(root / "mlartifacts"),
         "lock_file": str(root / "pipeline.lock"),
+        "forecast_log": str(root / "forecast_log"),
         # Versions stay one per run here; the refit has its own tests (test_pipeline_refit).
         "refit": False,
     }
@@ -77,12 +88,6 @@ def client_for(root: Path):
     return tracking.client(f"sqlite:///{root / 'mlflow.db'}")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300):
     """``python -m pipelines.cli ARGS`` in a subprocess."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("FORECASTER_")}
@@ -97,3 +102,18 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300
         text=True,
         timeout=timeout,
     )
+
+
+def noisy_history(df: pd.DataFrame, keep: int) -> pd.DataFrame:
+    """``df`` with all but the last ``keep`` points of each series replaced by white noise
+    of the same mean and spread: a model trained on it cannot have learned the seasonality,
+    while the recent points (context and holdout window) are the real series."""
+    df = df.copy()
+    position = df.groupby("unique_id").cumcount().to_numpy()
+    length = df.groupby("unique_id")["y"].transform("size").to_numpy()
+    mean = df.groupby("unique_id")["y"].transform("mean").to_numpy()
+    std = df.groupby("unique_id")["y"].transform("std").to_numpy()
+    noise = mean + std * np.random.default_rng(1).standard_normal(len(df))
+    replace = position < length - keep
+    df.loc[replace, "y"] = noise[replace]
+    return df

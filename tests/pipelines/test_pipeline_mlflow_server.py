@@ -3,16 +3,15 @@ mlflow.pyfunc and served by `mlflow models serve`."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
+import httpx
 import mlflow
 import numpy as np
 import pandas as pd
@@ -20,101 +19,32 @@ import pytest
 
 from pipelines import tracking
 from pipelines.registry import load_forecaster
-from tests.pipelines.pipeline_helpers import ROOT, TINY_MODEL, free_port, run_cli, synthetic
+from tests.pipelines.pipeline_helpers import (
+    PROMOTABLE_TRAIN,
+    TINY_MODEL,
+    noisy_history,
+    run_cli,
+    synthetic,
+)
+from tests.servers import MLFLOW, Process, clean_env, free_port, mlflow_server, wait_until
 
 pytestmark = pytest.mark.slow
 
-# Trained enough (high learning rate, a few epochs) that the champion beats seasonal naive.
-TRAIN = {
-    "max_epochs": 6,
-    "patience": 6,
-    "learning_rate": 0.01,
-    "batch_size": 64,
-    "max_windows_per_epoch": 512,
-    "progress": False,
-    "device": "cpu",
-}
-MLFLOW = str(Path(sys.executable).with_name("mlflow"))
-
-
-def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log.read_text()[-3000:]
-            raise RuntimeError(f"{proc.args[:3]} exited with {proc.returncode}:\n{tail}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.5)
-    raise TimeoutError(f"{url} did not answer within {timeout}s")
-
-
-@contextlib.contextmanager
-def _process(args: list[str], *, cwd: Path, env: dict, log: Path):
-    with log.open("w") as out:
-        proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            yield proc
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-def _noisy_history(df: pd.DataFrame, keep: int) -> pd.DataFrame:
-    """``df`` with all but the last ``keep`` points of each series replaced by white noise
-    of the same mean and spread: a model trained on it cannot have learned the seasonality,
-    while the recent points (context and holdout window) are the real series."""
-    df = df.copy()
-    position = df.groupby("unique_id").cumcount().to_numpy()
-    length = df.groupby("unique_id")["y"].transform("size").to_numpy()
-    mean = df.groupby("unique_id")["y"].transform("mean").to_numpy()
-    std = df.groupby("unique_id")["y"].transform("std").to_numpy()
-    noise = mean + std * np.random.default_rng(1).standard_normal(len(df))
-    replace = position < length - keep
-    df.loc[replace, "y"] = noise[replace]
-    return df
-
 
 def test_retrain_twice_over_http_then_pyfunc_and_mlflow_serve(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FORECASTER_", "MLFLOW_"))}
-    env["PYTHONPATH"] = str(ROOT)
-    # `mlflow models serve --env-manager local` execs `uvicorn` from PATH.
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    port = free_port()
-    server_args = [
-        MLFLOW,
-        "server",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--backend-store-uri",
-        f"sqlite:///{tmp_path / 'server.db'}",
-        "--artifacts-destination",
-        str(tmp_path / "server-artifacts"),
-        "--serve-artifacts",
-        "--workers",
-        "1",
-    ]
-    uri = f"http://127.0.0.1:{port}"
-    with _process(server_args, cwd=tmp_path, env=env, log=tmp_path / "server.log") as server:
-        _wait_http(f"{uri}/health", server, tmp_path / "server.log")
+    server_root = tmp_path / "server"
+    with mlflow_server(server_root, f"sqlite:///{server_root / 'server.db'}") as (uri, _):
         work = tmp_path / "work"
         work.mkdir()
         (work / "settings.yaml").write_text(
-            json.dumps({"model": TINY_MODEL, "train": TRAIN, "lock_file": str(work / "lock")})
+            json.dumps(
+                {"model": TINY_MODEL, "train": PROMOTABLE_TRAIN, "lock_file": str(work / "lock")}
+            )
         )
         clean = synthetic()
         clean.to_csv(work / "clean.csv", index=False)
         keep = TINY_MODEL["context_length"] + 3 * TINY_MODEL["prediction_length"]
-        _noisy_history(clean, keep).to_parquet(work / "noisy.parquet")
+        noisy_history(clean, keep).to_parquet(work / "noisy.parquet")
         cli_env = {"MLFLOW_TRACKING_URI": uri}
 
         first = run_cli(
@@ -178,14 +108,20 @@ def test_retrain_twice_over_http_then_pyfunc_and_mlflow_serve(tmp_path):
             "-p",
             str(serve_port),
         ]
-        with _process(
+        # `mlflow models serve --env-manager local` execs `uvicorn` from PATH.
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+        serve = Process(
             serve_args,
+            tmp_path / "serve.log",
+            env={**clean_env(), "PATH": path, "MLFLOW_TRACKING_URI": uri},
             cwd=work,
-            env={**env, "MLFLOW_TRACKING_URI": uri},
-            log=tmp_path / "serve.log",
-        ) as serve:
-            _wait_http(
-                f"http://127.0.0.1:{serve_port}/ping", serve, tmp_path / "serve.log", timeout=180
+        )
+        try:
+            wait_until(
+                lambda: httpx.get(f"http://127.0.0.1:{serve_port}/ping", timeout=2).is_success,
+                180,
+                "mlflow models serve",
+                serve.proc,
             )
             payload = history.assign(ds=history["ds"].dt.strftime("%Y-%m-%d %H:%M:%S"))
             body = {
@@ -199,6 +135,8 @@ def test_retrain_twice_over_http_then_pyfunc_and_mlflow_serve(tmp_path):
             )
             with urllib.request.urlopen(request, timeout=60) as response:
                 served = pd.DataFrame(json.loads(response.read())["predictions"])
+        finally:
+            serve.stop()
         assert len(served) == len(expected)
         assert served["unique_id"].tolist() == expected["unique_id"].astype(str).tolist()
         np.testing.assert_allclose(served["mean"], expected["mean"], rtol=1e-5)
@@ -209,31 +147,16 @@ def test_retrain_twice_over_http_then_pyfunc_and_mlflow_serve(tmp_path):
 def test_tracking_server_lost_mid_training(tmp_path):
     """The server dies while a retrain is training: the CLI exits with a clear error within
     a bounded time, and once the server is back nothing was registered and no alias moved."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FORECASTER_", "MLFLOW_"))}
-    env["PYTHONPATH"] = str(ROOT)
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
-    server_args = [
-        MLFLOW,
-        "server",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--backend-store-uri",
-        f"sqlite:///{tmp_path / 'server.db'}",
-        "--artifacts-destination",
-        str(tmp_path / "server-artifacts"),
-        "--serve-artifacts",
-        "--workers",
-        "1",
-    ]
+    server_root = tmp_path / "server"
+    store = f"sqlite:///{server_root / 'server.db'}"
     work = tmp_path / "work"
     work.mkdir()
     synthetic().to_csv(work / "data.csv", index=False)
-    quick = {**TRAIN, "max_epochs": 1}
+    quick = {**PROMOTABLE_TRAIN, "max_epochs": 1}
     slow = {
-        **TRAIN,
+        **PROMOTABLE_TRAIN,
         "max_epochs": 500,
         "patience": 500,
         "batch_size": 8,
@@ -246,8 +169,7 @@ def test_tracking_server_lost_mid_training(tmp_path):
         "MLFLOW_HTTP_REQUEST_TIMEOUT": "3",
         "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
     }
-    with _process(server_args, cwd=tmp_path, env=env, log=tmp_path / "server.log") as server:
-        _wait_http(f"{uri}/health", server, tmp_path / "server.log")
+    with mlflow_server(server_root, store, port=port):
         first = run_cli(
             "retrain", "--config", "quick.yaml", "--data", "data.csv", cwd=work, env=cli_env
         )
@@ -266,7 +188,7 @@ def test_tracking_server_lost_mid_training(tmp_path):
                 "data.csv",
             ],
             cwd=work,
-            env={**env, **cli_env},
+            env={**clean_env(), **cli_env},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -292,8 +214,7 @@ def test_tracking_server_lost_mid_training(tmp_path):
     assert retrain.returncode == 4
     assert stderr.strip().splitlines()[-1].startswith(f"error: MLflow tracking server at {uri}")
 
-    with _process(server_args, cwd=tmp_path, env=env, log=tmp_path / "server2.log") as server:
-        _wait_http(f"{uri}/health", server, tmp_path / "server2.log")
+    with mlflow_server(server_root, store, port=port, log_name="mlflow-2.log"):
         client = tracking.client(uri)
         versions = client.search_model_versions("name='forecaster'")
         # the first run's evaluated version and its refit; nothing from the interrupted run

@@ -180,8 +180,7 @@ def test_job_of_a_dead_worker_is_resumed_on_start(make_client, tmp_path, history
     claimed = store.claim(dead_owner, lease_s=3600)
     assert claimed is not None and claimed.id == job_id
     # its lease runs out: the dead worker stopped renewing it long ago
-    with store._connect() as conn:
-        conn.execute("UPDATE jobs SET heartbeat_at = 0 WHERE id = ?", (job_id,))
+    store._execute("UPDATE jobs SET heartbeat_at = 0 WHERE id = :id", id=job_id)
     client.__exit__(None, None, None)
 
     restarted = make_client(batch_partition_bytes=4096, batch_chunk_series=1)

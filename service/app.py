@@ -87,7 +87,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         logger.warning("first registry check still running; serving without a model meanwhile")
     if manager.current is None:
         logger.warning("no model loaded: %s", manager.unavailable_reason())
-    runner.start()
+    runner.start(supervisor)
     if forecast_log is not None:
         supervisor.start("forecast-log-flusher", forecast_log.run_flusher)
     try:

@@ -33,6 +33,7 @@ from service.jobs import (
 )
 from service.metrics import ServiceMetrics
 from service.model_manager import ModelManager
+from service.supervisor import Supervisor
 
 logger = logging.getLogger(__name__)
 
@@ -68,29 +69,31 @@ class JobRunner:
         self._wake = asyncio.Event()
         self._stopping = threading.Event()
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="batch-job")
-        self._tasks: list[asyncio.Task[None]] = []
+        self._supervisor: Supervisor | None = None
 
-    def start(self) -> None:
+    def start(self, supervisor: Supervisor) -> None:
+        """Clean up abandoned uploads, then run the workers under `supervisor`."""
         self._cleanup_orphans()
-        self._tasks = [
-            asyncio.create_task(self._worker(i), name=f"batch-worker-{i}")
-            for i in range(self.workers)
-        ]
+        self._supervisor = supervisor
+        for i in range(self.workers):
+            supervisor.start(self._name(i), lambda i=i: self._worker(i))
+
+    @staticmethod
+    def _name(index: int) -> str:
+        return f"batch-worker-{index}"
 
     def wake(self) -> None:
         """A job was just accepted: look now instead of at the next poll."""
         self._wake.set()
 
     async def stop(self, timeout: float = 10.0) -> None:
+        """Ask the workers to stop (a running job pauses at its next chunk), wait up to
+        `timeout`, then cancel them."""
         self._stopping.set()
         self._wake.set()
-        if self._tasks:
-            _, pending = await asyncio.wait(self._tasks, timeout=timeout)
-            for task in pending:
-                task.cancel()
-            for task in pending:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        if self._supervisor is not None:
+            names = [self._name(i) for i in range(self.workers)]
+            await self._supervisor.stop(*names, grace_s=timeout)
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _cleanup_orphans(self) -> None:

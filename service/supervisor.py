@@ -1,5 +1,5 @@
 """Supervision of the service's background loops (registry poller, micro-batcher, batch-job
-workers): a loop that dies of an unexpected error is logged once with its traceback and
+workers, forecast-log flusher): a loop that dies of an unexpected error is logged once with its traceback and
 restarted after a growing pause, and `/readyz` reports not ready while any loop is down."""
 
 from __future__ import annotations
@@ -32,9 +32,12 @@ class Supervisor:
         """The loops not running right now, with the error each died of."""
         return dict(self._down)
 
-    async def stop(self, *names: str) -> None:
-        """Cancel the named loops (every loop when none is named) and wait for them."""
+    async def stop(self, *names: str, grace_s: float = 0.0) -> None:
+        """Stop the named loops (every loop when none is named): wait up to `grace_s` for
+        them to return by themselves (their owner asked them to), then cancel them."""
         tasks = {n: t for n, t in self._tasks.items() if not names or n in names}
+        if grace_s > 0 and tasks:
+            await asyncio.wait(tasks.values(), timeout=grace_s)
         for task in tasks.values():
             task.cancel()
         for name, task in tasks.items():

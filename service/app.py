@@ -68,6 +68,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         chunk_series=settings.batch_chunk_series,
         partition_bytes=settings.batch_partition_bytes,
         lease_s=settings.job_lease_s,
+        ttl_s=None if settings.job_ttl_hours is None else settings.job_ttl_hours * 3600,
         on_forecast=forecast_log.record if forecast_log is not None else None,
     )
     app.state.manager = manager

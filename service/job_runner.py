@@ -38,6 +38,7 @@ from service.supervisor import Supervisor
 logger = logging.getLogger(__name__)
 
 IDLE_POLL_S = 1.0
+RETENTION_CHECK_S = 3600.0
 # An upload being received writes its file continuously; one untouched this long is abandoned.
 ORPHAN_AGE_S = 3600.0
 
@@ -54,6 +55,7 @@ class JobRunner:
         chunk_series: int,
         partition_bytes: int,
         lease_s: float,
+        ttl_s: float | None = None,
         on_forecast: ForecastHook | None = None,
     ):
         self.store = store
@@ -65,6 +67,7 @@ class JobRunner:
         self.chunk_series = chunk_series
         self.partition_bytes = partition_bytes
         self.lease_s = lease_s
+        self.ttl_s = ttl_s
         self.owner = new_owner()
         self._wake = asyncio.Event()
         self._stopping = threading.Event()
@@ -77,6 +80,8 @@ class JobRunner:
         self._supervisor = supervisor
         for i in range(self.workers):
             supervisor.start(self._name(i), lambda i=i: self._worker(i))
+        if self.ttl_s is not None:
+            supervisor.start("job-retention", self._retention)
 
     @staticmethod
     def _name(index: int) -> str:
@@ -94,7 +99,20 @@ class JobRunner:
         if self._supervisor is not None:
             names = [self._name(i) for i in range(self.workers)]
             await self._supervisor.stop(*names, grace_s=timeout)
+            await self._supervisor.stop("job-retention")
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _retention(self) -> None:
+        """Delete jobs that ended more than `ttl_s` ago, with their files, now and then."""
+        assert self.ttl_s is not None
+        while True:
+            expired = await asyncio.to_thread(self.store.finished_before, time.time() - self.ttl_s)
+            for job_id in expired:
+                await asyncio.to_thread(self.store.delete, job_id)
+                await asyncio.to_thread(shutil.rmtree, self.jobs_dir / job_id, True)
+            if expired:
+                logger.info("deleted %d batch job(s) past their retention", len(expired))
+            await asyncio.sleep(min(RETENTION_CHECK_S, self.ttl_s / 4))
 
     def _cleanup_orphans(self) -> None:
         """Job directories without a row are uploads never accepted, or still on their way in
@@ -160,6 +178,12 @@ class JobRunner:
                 self.metrics.jobs.labels("cancelled").inc()
             return
         except Exception as exc:
+            current = await asyncio.to_thread(self.store.get, job.id)
+            if current is None or current.status == "cancelled":
+                # Deleted or cancelled while running: its files may be gone under it.
+                logger.info("batch job %s stopped: cancelled or deleted while running", job.id)
+                self.metrics.jobs.labels("cancelled").inc()
+                return
             payload = input_error_payload(exc)
             if payload["error"] == "internal_error":
                 logger.exception("batch job %s failed", job.id)

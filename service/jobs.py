@@ -72,6 +72,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     rows_total BIGINT,
     rows_done BIGINT NOT NULL DEFAULT 0,
     series_done BIGINT NOT NULL DEFAULT 0,
+    series_failed BIGINT NOT NULL DEFAULT 0,
     model_name TEXT,
     model_version TEXT,
     model_alias TEXT,
@@ -83,6 +84,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status, created_at);
 """
+_ADDED_COLUMNS = {"series_failed": "BIGINT NOT NULL DEFAULT 0"}
 # Any fixed number: replicas starting together take this advisory lock to create the table.
 _SCHEMA_LOCK = 7_302_118_841
 
@@ -106,6 +108,7 @@ class Job:
     rows_total: int | None
     rows_done: int
     series_done: int
+    series_failed: int  # series left out of the result for bad input (see the errors file)
     model_name: str | None
     model_version: str | None
     model_alias: str | None
@@ -216,6 +219,11 @@ class JobStore:
                 conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK})
             for statement in filter(str.strip, _SCHEMA.split(";")):
                 conn.exec_driver_sql(statement)
+            # Stores created before a column existed get it (both databases add columns alike).
+            present = set(conn.exec_driver_sql("SELECT * FROM jobs LIMIT 0").keys())
+            for column, definition in _ADDED_COLUMNS.items():
+                if column not in present:
+                    conn.exec_driver_sql(f"ALTER TABLE jobs ADD COLUMN {column} {definition}")
 
     def close(self) -> None:
         self.engine.dispose()
@@ -372,6 +380,15 @@ class JobStore:
     def ids(self) -> set[str]:
         return {row["id"] for row in self._query("SELECT id FROM jobs")}
 
+    def finished_before(self, cutoff: float) -> list[str]:
+        """Ids of the jobs that ended (succeeded, failed, cancelled) before `cutoff`."""
+        rows = self._query(
+            "SELECT id FROM jobs WHERE status IN ('succeeded', 'failed', 'cancelled') "
+            "AND finished_at < :cutoff",
+            cutoff=cutoff,
+        )
+        return [row["id"] for row in rows]
+
 
 def _sqlite_durable(dbapi_connection: Any, _record: Any) -> None:
     """Every SQLite connection waits for its commits to reach the disk."""
@@ -390,6 +407,7 @@ class JobFiles:
         self.parts = self.dir / "parts"
         self.result_parquet = self.dir / "result.parquet"
         self.result_csv = self.dir / "result.csv"
+        self.errors_csv = self.dir / "errors.csv"  # one row per series left out, and why
 
     def input_file(self, fmt: str) -> Path:
         return self.dir / f"input.{fmt}"
@@ -631,9 +649,45 @@ def process_job(ctx: JobContext) -> None:
                 ),
                 rows_total,
             )
+    errors = _collect_errors(files, n_done)
+    if errors:
+        _write_errors(errors, files.errors_csv)
+        done = [json.loads((files.parts / f"{p:05d}.json").read_text()) for p in range(n_done)]
+        if sum(d["series"] for d in done) == 0:
+            first = errors[0]
+            raise InvalidInputError(
+                f"no series could be forecast ({len(errors)} refused; the first: "
+                f"{first['detail']}); every reason is in the job's errors file",
+                field=first.get("field"),
+                series_id=first.get("series_id"),
+            )
     _assemble(files, n_done, job.output_format)
     shutil.rmtree(files.partitions, ignore_errors=True)
     shutil.rmtree(files.parts, ignore_errors=True)
+
+
+def _collect_errors(files: JobFiles, n_parts: int) -> list[dict[str, Any]]:
+    errors: list[dict[str, Any]] = []
+    for p in range(n_parts):
+        meta = files.parts / f"{p:05d}.json"
+        if meta.exists():
+            errors += json.loads(meta.read_text()).get("errors", [])
+    return errors
+
+
+def _write_errors(errors: list[dict[str, Any]], path: Path) -> None:
+    """`unique_id, field, error, detail` of every series left out, written atomically."""
+    frame = pd.DataFrame(
+        {
+            "unique_id": [e.get("series_id") for e in errors],
+            "field": [e.get("field") for e in errors],
+            "error": [e.get("error") for e in errors],
+            "detail": [e.get("detail") for e in errors],
+        }
+    )
+    tmp = temp_beside(path)
+    frame.to_csv(tmp, index=False)
+    os.replace(tmp, path)
 
 
 def _run_sources(
@@ -644,7 +698,7 @@ def _run_sources(
     files = ctx.files
     if rows_total is not None:
         ctx.report(rows_total=rows_total)
-    rows_done = series_done = 0
+    rows_done = series_done = series_failed = 0
     count = 0
     for p, load in enumerate(sources):
         count += 1
@@ -654,15 +708,19 @@ def _run_sources(
             done = json.loads(meta.read_text())
             rows_done += done["rows"]
             series_done += done["series"]
+            series_failed += len(done.get("errors", []))
             continue
         if ctx.stopping.is_set():
             raise JobStopped("service stopping")
         table = load()
-        rows, series = _forecast_partition(ctx, table, part, rows_done, series_done)
-        meta.write_text(json.dumps({"rows": rows, "series": series}))
+        rows, series, errors = _forecast_partition(ctx, table, part, rows_done, series_done)
+        meta.write_text(json.dumps({"rows": rows, "series": series, "errors": errors}))
         rows_done += rows
         series_done += series
-        if not ctx.report(rows_done=rows_done, series_done=series_done):
+        series_failed += len(errors)
+        if not ctx.report(
+            rows_done=rows_done, series_done=series_done, series_failed=series_failed
+        ):
             raise JobStopped("job cancelled or taken over")
     if rows_total is None or rows_total != rows_done:
         ctx.report(rows_total=rows_done)
@@ -785,14 +843,16 @@ def _cast_like(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
 
 def _forecast_partition(
     ctx: JobContext, table: pa.Table, part: Path, rows_before: int, series_before: int
-) -> tuple[int, int]:
-    """Forecast one partition in chunks of series; write its part file atomically."""
+) -> tuple[int, int, list[dict[str, Any]]]:
+    """Forecast one partition in chunks of series; write its part file atomically.
+    Returns the rows read, the series forecast and the errors of the series left out."""
     forecaster = ctx.served.forecaster
     tmp = temp_beside(part)
+    errors: list[dict[str, Any]] = []
     if table.num_rows == 0:
         _empty_result(forecaster, ctx.job).to_parquet(tmp, index=False)
         os.replace(tmp, part)
-        return 0, 0
+        return 0, 0, errors
     frame = table.to_pandas()
     codes, uniques = pd.factorize(frame["unique_id"], sort=False)
     order = np.argsort(codes, kind="stable")
@@ -808,9 +868,10 @@ def _forecast_partition(
             if ctx.stopping.is_set():
                 raise JobStopped("service stopping")
             chunk = frame.iloc[lo:hi]
-            arrays = forecast_batch(
-                forecaster, chunk, horizon=ctx.job.horizon, quantiles=ctx.job.quantiles
-            )
+            arrays = _forecast_good_series(ctx, chunk, errors)
+            if arrays is None:  # every series of the chunk was bad
+                rows += int(hi - lo)
+                continue
             out = arrays.to_frame()
             if ctx.on_forecast is not None:
                 ctx.on_forecast(arrays, ctx.served.identity)
@@ -819,14 +880,35 @@ def _forecast_partition(
                 writer = pq.ParquetWriter(tmp, result.schema)
             writer.write_table(result)
             rows += int(hi - lo)
-            series += int(codes[hi - 1] - codes[lo] + 1)
+            series += len(arrays)
             if not ctx.report(rows_done=rows_before + rows, series_done=series_before + series):
                 raise JobStopped("job cancelled or taken over")
     finally:
         if writer is not None:
             writer.close()
+    if writer is None:  # no series of the partition could be forecast
+        _empty_result(forecaster, ctx.job).to_parquet(tmp, index=False)
     os.replace(tmp, part)
-    return rows, series
+    return rows, series, errors
+
+
+def _forecast_good_series(
+    ctx: JobContext, chunk: pd.DataFrame, errors: list[dict[str, Any]]
+) -> ForecastArrays | None:
+    """Forecast the chunk's series, leaving out (and recording in `errors`) each series the
+    core refuses; None when none is left. An error naming no series stops the job."""
+    forecaster = ctx.served.forecaster
+    while len(chunk):
+        try:
+            return forecast_batch(
+                forecaster, chunk, horizon=ctx.job.horizon, quantiles=ctx.job.quantiles
+            )
+        except ForecasterInputError as exc:
+            if exc.series_id is None:
+                raise
+            errors.append(input_error_payload(exc))
+            chunk = chunk[chunk["unique_id"].astype("str") != str(exc.series_id)]
+    return None
 
 
 def _empty_result(forecaster: Any, job: Job) -> pd.DataFrame:

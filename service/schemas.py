@@ -221,10 +221,14 @@ class BatchJobOut(BaseModel):
     rows_total: int | None
     rows_done: int
     series_done: int
+    series_failed: int = Field(
+        description="Series left out of the result for bad input; reasons at errors_url."
+    )
     model: ModelInfo | None
     attempts: int
     error: JobError | None
     result_url: str | None
+    errors_url: str | None
 
 
 class BatchJobList(BaseModel):

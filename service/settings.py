@@ -79,6 +79,8 @@ class ServiceSettings(BaseSettings):
     batch_partition_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     # A running job whose worker has not reported for this long is taken over by another.
     job_lease_s: float = Field(60.0, gt=0)
+    # Finished jobs (and their files) are deleted this long after they ended; None keeps them.
+    job_ttl_hours: float | None = Field(168.0, gt=0)
     # The batch-job database: None is SQLite at <data_dir>/jobs.db, for one host. Replicas share
     # jobs through PostgreSQL (postgresql+psycopg://USER:PASSWORD@HOST:PORT/DB) plus a data_dir
     # they all mount at the same path.

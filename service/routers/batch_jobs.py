@@ -94,10 +94,12 @@ def job_out(job: Job) -> dict[str, Any]:
         "rows_total": job.rows_total,
         "rows_done": job.rows_done,
         "series_done": job.series_done,
+        "series_failed": job.series_failed,
         "model": model,
         "attempts": job.attempts,
         "error": job.error,
         "result_url": f"/v1/batch-jobs/{job.id}/result" if job.status == "succeeded" else None,
+        "errors_url": f"/v1/batch-jobs/{job.id}/errors" if job.series_failed else None,
     }
 
 
@@ -324,6 +326,23 @@ async def get_result(
         else:
             raise NotFoundError(f"job {job_id}: its result file is gone", field="job_id")
     return FileResponse(path, media_type=MEDIA[fmt], filename=f"forecast-{job_id}.{fmt}")
+
+
+@router.get(
+    "/{job_id}/errors",
+    response_class=FileResponse,
+    responses={
+        200: {"content": {"text/csv": {}}},
+        404: {"description": "No such job, or no series was left out"},
+    },
+    summary="The series a job left out and why (unique_id, field, error, detail), as CSV",
+)
+async def get_errors(job_id: str, store: JobStoreDep, settings: SettingsDep) -> FileResponse:
+    job = await _get(store, job_id)
+    path = JobFiles(Path(settings.data_dir) / "jobs", job_id).errors_csv
+    if not job.series_failed or not path.exists():
+        raise NotFoundError(f"job {job_id} has left out no series (yet)", field="job_id")
+    return FileResponse(path, media_type="text/csv", filename=f"errors-{job_id}.csv")
 
 
 @router.delete(

@@ -125,10 +125,13 @@ def test_many_partitions_and_chunks_give_the_same_result(make_client, fitted, tr
     assert_same_forecast(got, expected(fitted, many))
 
 
-def test_bad_series_fails_the_job_naming_it(client, history):
+def test_bad_series_are_left_out_and_listed_the_others_forecast(client, history, fitted):
     bad = history.copy()
-    # a series with no observed value cannot be forecast; a single NaN would just be masked
+    # A series with no observed value cannot be forecast (a single NaN would just be masked),
+    # nor one with text among its values.
     bad.loc[bad["unique_id"] == "series_001", "y"] = np.nan
+    bad["y"] = bad["y"].astype(object)
+    bad.loc[bad.index[bad["unique_id"] == "series_003"][5], "y"] = "abc"
     response = client.post(
         "/v1/batch-jobs",
         content=bad.to_csv(index=False).encode(),
@@ -136,13 +139,32 @@ def test_bad_series_fails_the_job_naming_it(client, history):
     )
     assert response.status_code == 202
     done = wait_for_job(client, response.json()["id"])
+    assert done["status"] == "succeeded", done
+    assert (done["series_done"], done["series_failed"]) == (2, 2)
+    good = history[history["unique_id"].isin(["series_000", "series_002"])]
+    result = client.get(done["result_url"])
+    assert_same_forecast(read_result(result), expected(fitted, good))
+    errors = pd.read_csv(io.BytesIO(client.get(done["errors_url"]).content))
+    errors = errors.sort_values("unique_id").reset_index(drop=True)
+    assert errors["unique_id"].tolist() == ["series_001", "series_003"]
+    assert errors["field"].tolist() == ["y", "y"]
+    assert "'abc'" in errors["detail"].iloc[1]
+
+
+def test_a_job_whose_every_series_is_bad_fails_naming_the_first(client, history):
+    bad = history.assign(y=np.nan)
+    response = client.post(
+        "/v1/batch-jobs",
+        content=bad.to_csv(index=False).encode(),
+        headers={"content-type": "text/csv"},
+    )
+    done = wait_for_job(client, response.json()["id"])
     assert done["status"] == "failed"
-    assert done["error"]["series_id"] == "series_001"
-    assert done["error"]["field"] == "y"
-    assert "series_001" in done["error"]["detail"]
+    assert done["series_failed"] == 4
+    assert done["error"]["series_id"] == "series_000"
+    assert "no series could be forecast" in done["error"]["detail"]
     result = client.get(f"/v1/batch-jobs/{done['id']}/result")
     assert result.status_code == 409
-    assert "series_001" in result.json()["detail"]
 
 
 def test_unknown_job(client):
@@ -266,3 +288,41 @@ def test_grouped_input_in_many_chunks_gives_the_same_result(make_client, fitted,
     assert done["rows_total"] == done["rows_done"] == len(many)
     got = read_result(client.get(f"/v1/batch-jobs/{done['id']}/result"))
     assert_same_forecast(got, expected(fitted, many))
+
+
+def test_deleting_a_running_job_cancels_it_without_a_failure(make_client, history, caplog):
+    client = make_client(batch_chunk_series=1)
+    many = pd.concat(
+        [history.assign(unique_id=history["unique_id"] + f"-{k}") for k in range(100)],
+        ignore_index=True,
+    )
+    files = {"file": ("h.csv", many.to_csv(index=False).encode(), "text/csv")}
+    job = client.post("/v1/batch-jobs", files=files).json()
+    deadline = time.monotonic() + 30
+    while client.get(f"/v1/batch-jobs/{job['id']}").json()["series_done"] < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert client.delete(f"/v1/batch-jobs/{job['id']}").status_code == 204
+    assert client.get(f"/v1/batch-jobs/{job['id']}").status_code == 404
+    metrics = client.get("/metrics").text
+    deadline = time.monotonic() + 30
+    while 'forecaster_batch_jobs_total{event="cancelled"} 1.0' not in metrics:
+        assert time.monotonic() < deadline, metrics
+        time.sleep(0.05)
+        metrics = client.get("/metrics").text
+    assert 'event="failed"' not in metrics
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+def test_finished_jobs_are_deleted_after_their_retention(make_client, history, tmp_path):
+    client = make_client(job_ttl_hours=0.5 / 3600)  # half a second
+    files = {"file": ("h.csv", history.to_csv(index=False).encode(), "text/csv")}
+    job = client.post("/v1/batch-jobs", files=files).json()
+    assert wait_for_job(client, job["id"])["status"] == "succeeded"
+    job_dir = tmp_path / "data" / "jobs" / job["id"]
+    assert job_dir.exists()
+    deadline = time.monotonic() + 10
+    while client.get(f"/v1/batch-jobs/{job['id']}").status_code != 404:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert not job_dir.exists()

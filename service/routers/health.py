@@ -28,20 +28,23 @@ async def healthz() -> dict:
     summary="Ready: a model is loaded and forecasts can be answered",
 )
 async def readyz(manager: ManagerDep, request: Request) -> JSONResponse:
+    """Open to probes without a key, so with keys configured it names no model."""
     served = manager.current
+    settings = request.app.state.settings
     if served is None:
         return JSONResponse(
             {"status": "not_ready", "detail": manager.unavailable_reason(), "model": None},
             status_code=503,
         )
+    model = None if settings.api_keys else served.identity.info()
     down = request.app.state.supervisor.down()
     if down:
         detail = "; ".join(f"{name} is restarting after {error}" for name, error in down.items())
         return JSONResponse(
-            {"status": "not_ready", "detail": detail, "model": served.identity.info()},
+            {"status": "not_ready", "detail": detail, "model": model},
             status_code=503,
         )
-    return JSONResponse({"status": "ready", "detail": None, "model": served.identity.info()})
+    return JSONResponse({"status": "ready", "detail": None, "model": model})
 
 
 @router.get(

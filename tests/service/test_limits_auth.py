@@ -45,6 +45,7 @@ def test_probes_are_open_when_keys_are_configured(make_client):
     assert alive.status_code == 200 and alive.json()["status"] == "ok"
     ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
+    assert ready.json()["model"] is None  # open, so it says nothing about what is served
     assert client.get("/ping").status_code == 200
     assert client.get("/health").status_code == 200
 

@@ -138,24 +138,24 @@ def parse_iso(values: Sequence[str]) -> np.ndarray | None:
             coarse = np.array(values, dtype="datetime64[us]")
     except (ValueError, TypeError, Warning):
         return None
-    outside = (coarse < _MIN_US) | (coarse > _MAX_US)
-    if outside.any():
-        raise InvalidTimestampsError(
-            f"{TIME}: {values[int(np.argmax(outside))]!r} is outside the supported range {RANGE}",
-            field=TIME,
-        )
-    return coarse.astype("datetime64[ns]")
+    return _to_nanoseconds(coarse, values)
 
 
 def parse_datetimes(values: Sequence[datetime]) -> np.ndarray:
     """Python datetimes (aware ones converted to UTC) as datetime64[ns], range-checked: the
     fast road for timestamps a JSON parser already read."""
     naive = [v.astimezone(UTC).replace(tzinfo=None) if v.tzinfo is not None else v for v in values]
-    coarse = np.array(naive, dtype="datetime64[us]")
+    return _to_nanoseconds(np.array(naive, dtype="datetime64[us]"), values)
+
+
+def _to_nanoseconds(coarse: np.ndarray, values: Sequence[object]) -> np.ndarray:
+    """Microsecond timestamps as nanoseconds, or InvalidTimestampsError naming the first value
+    outside the range (`values`: what the caller sent, for the message)."""
     outside = (coarse < _MIN_US) | (coarse > _MAX_US)
     if outside.any():
         raise InvalidTimestampsError(
-            f"{TIME}: {values[int(np.argmax(outside))]} is outside the supported range {RANGE}",
+            f"{TIME}: {str(values[int(np.argmax(outside))])!r} is outside the supported range "
+            f"{RANGE}",
             field=TIME,
         )
     return coarse.astype("datetime64[ns]")

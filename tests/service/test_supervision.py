@@ -2,16 +2,7 @@
 
 from __future__ import annotations
 
-import time
-
-
-def _wait(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
+from tests.servers import wait_until
 
 
 def test_a_crashed_batcher_is_restarted_and_readyz_reports_it(make_client, payload, caplog):
@@ -34,7 +25,7 @@ def test_a_crashed_batcher_is_restarted_and_readyz_reports_it(make_client, paylo
     assert sum("background task micro-batcher died" in r.getMessage() for r in caplog.records) >= 1
 
     broken["on"] = False  # the next restart succeeds
-    assert _wait(lambda: client.get("/readyz").status_code == 200)
+    wait_until(lambda: client.get("/readyz").status_code == 200, 10, "ready again")
     assert client.post("/v1/forecast", json=body).status_code == 200
 
 

@@ -220,23 +220,13 @@ def evaluate_command(args: argparse.Namespace) -> int:
 @command
 def promote_command(args: argparse.Namespace) -> int:
     from pipelines.lock import pipeline_lock
-    from pipelines.promote import promote
+    from pipelines.promote import promote_with_settings
     from pipelines.retrain import load_data
 
     settings = load_settings(args)
     with pipeline_lock(settings.lock_file):
         data = load_data(settings, None)
-        decision = promote(
-            data.frame,
-            model_name=settings.model_name,
-            metric=settings.promotion_metric,
-            margin=settings.promotion_margin,
-            alpha=settings.promotion_alpha,
-            test=settings.promotion_test,
-            n_windows=settings.backtest_windows,
-            require_beats_baseline=settings.require_beats_baseline,
-            tracking_uri=settings.resolved_tracking_uri,
-        )
+        decision = promote_with_settings(settings, data.frame)
     print(f"decision  {'promoted' if decision.promoted else 'not promoted'}: {decision.reason}")
     print(f"champion  {settings.model_name} v{decision.champion_version}")
     return 0

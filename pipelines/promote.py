@@ -26,7 +26,7 @@ import logging
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pandas as pd
@@ -44,6 +44,9 @@ from pipelines.registry import (
     load_version,
     resolve_model,
 )
+
+if TYPE_CHECKING:
+    from pipelines.settings import PipelineSettings
 
 logger = logging.getLogger(__name__)
 
@@ -170,6 +173,21 @@ def decide(
     if not beats_naive:
         return verdict(False, f"challenger does not beat seasonal naive: {comparison}", paired)
     return verdict(True, f"challenger significantly better than champion: {comparison}", paired)
+
+
+def promote_with_settings(settings: PipelineSettings, frame: pd.DataFrame) -> PromotionDecision:
+    """``promote`` with the metric, margin, test and thresholds ``settings`` configure."""
+    return promote(
+        frame,
+        model_name=settings.model_name,
+        metric=settings.promotion_metric,
+        margin=settings.promotion_margin,
+        alpha=settings.promotion_alpha,
+        test=settings.promotion_test,
+        n_windows=settings.backtest_windows,
+        require_beats_baseline=settings.require_beats_baseline,
+        tracking_uri=settings.resolved_tracking_uri,
+    )
 
 
 def promote(

@@ -28,7 +28,7 @@ from pipelines.evaluate import Evaluation, evaluate
 from pipelines.ingest import IngestResult, ingest
 from pipelines.lock import pipeline_lock
 from pipelines.monitor import MonitorResult, monitor
-from pipelines.promote import PromotionDecision, promote
+from pipelines.promote import PromotionDecision, promote_with_settings
 from pipelines.refit import refit
 from pipelines.register import code_version, input_example, register
 from pipelines.registry import ModelRef
@@ -277,17 +277,7 @@ def retrain(
         ingested = load_data(settings, data)
         monitoring = _monitor(settings, ingested, run)
         summary = train_and_register(settings, ingested, run)
-        decision = promote(
-            ingested.frame,
-            model_name=settings.model_name,
-            metric=settings.promotion_metric,
-            margin=settings.promotion_margin,
-            alpha=settings.promotion_alpha,
-            test=settings.promotion_test,
-            n_windows=settings.backtest_windows,
-            require_beats_baseline=settings.require_beats_baseline,
-            tracking_uri=run.uri,
-        )
+        decision = promote_with_settings(settings, ingested.frame)
         run.client.set_tag(
             run.run_id, "promotion.decision", "promoted" if decision.promoted else "rejected"
         )

@@ -18,7 +18,7 @@ from service.errors import install_error_handlers
 from service.forecast_logging import ServiceForecastLog
 from service.inference import predict_items
 from service.job_runner import JobRunner
-from service.jobs import JobStore
+from service.job_store import JobStore
 from service.metrics import MetricsMiddleware, ServiceMetrics, mark_worker_dead
 from service.middleware import (
     ApiKeyMiddleware,

@@ -15,7 +15,7 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 from service.batcher import MicroBatcher
 from service.errors import AuthError, ModelUnavailableError
 from service.job_runner import JobRunner
-from service.jobs import JobStore
+from service.job_store import JobStore
 from service.metrics import ServiceMetrics
 from service.model_manager import ModelManager, ServedModel
 from service.settings import ServiceSettings

@@ -20,17 +20,15 @@ from pathlib import Path
 
 import torch
 
-from service.jobs import (
+from service.job_files import JobFiles
+from service.job_processing import (
     ForecastHook,
-    Job,
     JobContext,
-    JobFiles,
     JobStopped,
-    JobStore,
     input_error_payload,
-    new_owner,
     process_job,
 )
+from service.job_store import Job, JobStore, new_owner
 from service.metrics import ServiceMetrics
 from service.model_manager import ModelManager
 from service.supervisor import Supervisor

@@ -125,7 +125,7 @@ class ServiceSettings(BaseSettings):
     @field_validator("jobs_db")
     @classmethod
     def _check_jobs_db(cls, value: str | None) -> str | None:
-        from service.jobs import job_store_url  # the one parser of job-store locations
+        from service.job_store import job_store_url  # the one parser of job-store locations
 
         return job_store_url(value.strip()) if value and value.strip() else None
 

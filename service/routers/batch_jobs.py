@@ -24,8 +24,7 @@ from service.errors import (
     NotFoundError,
     UnsupportedMediaTypeError,
 )
-from service.jobs import (
-    Job,
+from service.job_files import (
     JobFiles,
     fsync_dir,
     fsync_file,
@@ -33,6 +32,7 @@ from service.jobs import (
     sniff_format,
     write_csv,
 )
+from service.job_store import Job
 from service.schemas import BatchJobFromPath, BatchJobList, BatchJobOut, FileFormat
 
 router = APIRouter(prefix="/v1/batch-jobs", tags=["batch-jobs"])

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from service.jobs import JobStore
+from service.job_store import JobStore
 
 HORIZON = 12
 
@@ -256,7 +256,7 @@ def test_job_files_are_durable_before_202(client, history, tmp_path, fmt):
 
 
 def test_grouped_input_streams_in_chunks_of_whole_series(tmp_path, training_frame):
-    from service.jobs import _grouped_chunks, _NotGrouped
+    from service.job_processing import _grouped_chunks, _NotGrouped
 
     frame = training_frame.groupby("unique_id").tail(50).reset_index(drop=True)
     path = tmp_path / "grouped.parquet"

@@ -141,7 +141,7 @@ def test_end_to_end(tmp_path, tracking_server, registry_at, fitted, training_fra
 
 def job_status_offline(tmp_path: Path, job_id: str) -> str:
     """The job's row as the dead service left it."""
-    from service.jobs import JobStore
+    from service.job_store import JobStore
 
     job = JobStore(tmp_path / "service-data" / "jobs.db").get(job_id)
     assert job is not None

@@ -19,7 +19,7 @@ from sqlalchemy import create_engine, text
 
 from pipelines.cli import main as pipelines_cli
 from service.job_runner import ORPHAN_AGE_S
-from service.jobs import JobStore
+from service.job_store import JobStore
 from service.settings import ServiceSettings
 from tests.pipelines.pipeline_helpers import (
     PROMOTABLE_TRAIN,

@@ -1,0 +1,251 @@
+"""A batch job's files under <data_dir>/jobs/<id>: the input's checks and streaming, the
+errors file and the result, each written under a temporary name and renamed into place."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from service.errors import InvalidInputError
+
+REQUIRED_COLUMNS = ("unique_id", "ds", "y")
+PARQUET_MAGIC = b"PAR1"
+
+
+class JobFiles:
+    """Where a job's files live: <data_dir>/jobs/<id>/."""
+
+    def __init__(self, root: Path, job_id: str):
+        self.dir = Path(root) / job_id
+        self.partitions = self.dir / "partitions"
+        self.parts = self.dir / "parts"
+        self.result_parquet = self.dir / "result.parquet"
+        self.result_csv = self.dir / "result.csv"
+        self.errors_csv = self.dir / "errors.csv"  # one row per series left out, and why
+
+    def input_file(self, fmt: str) -> Path:
+        return self.dir / f"input.{fmt}"
+
+    def result(self, fmt: str) -> Path:
+        return self.result_csv if fmt == "csv" else self.result_parquet
+
+
+def temp_beside(path: Path) -> Path:
+    """A temporary name for writing `path` then renaming it into place; unique, because two
+    writers may meet: concurrent downloads, or a stalled worker whose job was taken over."""
+    return path.with_name(f"{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):  # not every filesystem lets a directory be fsynced
+        fsync_file(path)
+
+
+def sniff_format(path: Path, declared: str | None) -> str:
+    """csv or parquet, from the declared format and the file's magic bytes."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    looks_parquet = head == PARQUET_MAGIC
+    if declared == "parquet" and not looks_parquet:
+        raise InvalidInputError(
+            "file: malformed Parquet: the file does not start with the Parquet magic bytes "
+            "'PAR1' (is it a CSV? send it as text/csv)",
+            field="file",
+        )
+    if declared == "csv" and looks_parquet:
+        raise InvalidInputError(
+            "file: declared CSV, but the file is Parquet; send it as application/vnd.apache.parquet",
+            field="file",
+        )
+    return "parquet" if looks_parquet else "csv"
+
+
+def inspect_input(path: Path, fmt: str, covariates: tuple[str, ...]) -> list[str]:
+    """Cheap checks before a job is accepted: the file parses and has the needed columns.
+
+    Reads the Parquet footer, or the first block of a CSV; the full file is validated by the
+    core rules chunk by chunk while the job runs. Returns the column names.
+    """
+    if path.stat().st_size == 0:
+        raise InvalidInputError(
+            "file: the file is empty; expected a long-format table with columns "
+            f"{list(REQUIRED_COLUMNS)}",
+            field="file",
+        )
+    if fmt == "parquet":
+        try:
+            pf = pq.ParquetFile(path)
+            columns = list(pf.schema_arrow.names)
+            n_rows = pf.metadata.num_rows
+        except (pa.ArrowException, OSError) as exc:
+            raise InvalidInputError(f"file: malformed Parquet: {exc}", field="file") from None
+    else:
+        try:
+            reader = pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=1 << 20))
+            columns = list(reader.schema.names)
+            first = reader.read_next_batch()
+            n_rows = first.num_rows
+        except StopIteration:
+            n_rows = 0
+        except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
+            raise InvalidInputError(f"file: malformed CSV: {exc}", field="file") from None
+    required = [*REQUIRED_COLUMNS, *covariates]
+    missing = [c for c in required if c not in columns]
+    if missing:
+        raise InvalidInputError(
+            f"{missing[0]}: the file lacks required columns {missing}; present columns: "
+            f"{columns}; expected long format with {required}",
+            field=missing[0],
+        )
+    if n_rows == 0:
+        raise InvalidInputError(
+            f"file: the file has a header but no rows; expected rows with {required}",
+            field="file",
+        )
+    return columns
+
+
+def _normalise(batch: pa.RecordBatch, numeric: list[str]) -> pa.RecordBatch:
+    """Ids as strings, numeric columns as float64 (text is left for the core to report)."""
+    arrays, names = [], []
+    for name in batch.schema.names:
+        col = batch.column(name)
+        if name == "unique_id" and not pa.types.is_string(col.type):
+            col = col.cast(pa.string())
+        elif name in numeric and (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
+            col = col.cast(pa.float64())
+        elif pa.types.is_dictionary(col.type):
+            col = col.cast(col.type.value_type)
+        arrays.append(col)
+        names.append(name)
+    return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def iter_input(path: Path, fmt: str, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    """Stream the input's needed columns as record batches of bounded size."""
+    numeric = [c for c in columns if c not in ("unique_id", "ds")]
+    try:
+        if fmt == "parquet":
+            pf = pq.ParquetFile(path)
+            for batch in pf.iter_batches(batch_size=65_536, columns=columns):
+                yield _normalise(batch, numeric)
+        else:
+            types = {"unique_id": pa.string(), "ds": pa.string()}
+            reader = pacsv.open_csv(
+                path,
+                read_options=pacsv.ReadOptions(block_size=8 << 20),
+                convert_options=pacsv.ConvertOptions(
+                    include_columns=columns, column_types=types, strings_can_be_null=True
+                ),
+            )
+            for batch in reader:
+                yield _normalise(batch, numeric)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError) as exc:
+        kind = "Parquet" if fmt == "parquet" else "CSV"
+        raise InvalidInputError(f"file: malformed {kind}: {exc}", field="file") from None
+
+
+def unify(batches: list[pa.RecordBatch]) -> pa.Table:
+    """One table from batches whose numeric columns may differ in type (CSV type inference
+    per block): columns that are text in any batch become text everywhere."""
+    if not batches:
+        raise InvalidInputError("file: the file has no rows", field="file")
+    schemas = {b.schema for b in batches}
+    if len(schemas) == 1:
+        return pa.Table.from_batches(batches)
+    names = batches[0].schema.names
+    fixed = []
+    for b in batches:
+        cols = []
+        for name in names:
+            col = b.column(name)
+            if any(not other.schema.field(name).type.equals(col.type) for other in batches):
+                col = col.cast(pa.string())
+            cols.append(col)
+        fixed.append(pa.RecordBatch.from_arrays(cols, names=names))
+    return pa.Table.from_batches(fixed)
+
+
+def collect_errors(files: JobFiles, n_parts: int) -> list[dict[str, Any]]:
+    errors: list[dict[str, Any]] = []
+    for p in range(n_parts):
+        meta = files.parts / f"{p:05d}.json"
+        if meta.exists():
+            errors += json.loads(meta.read_text()).get("errors", [])
+    return errors
+
+
+def write_errors(errors: list[dict[str, Any]], path: Path) -> None:
+    """`unique_id, field, error, detail` of every series left out, written atomically."""
+    frame = pd.DataFrame(
+        {
+            "unique_id": [e.get("series_id") for e in errors],
+            "field": [e.get("field") for e in errors],
+            "error": [e.get("error") for e in errors],
+            "detail": [e.get("detail") for e in errors],
+        }
+    )
+    tmp = temp_beside(path)
+    frame.to_csv(tmp, index=False)
+    os.replace(tmp, path)
+
+
+def count_rows(path: Path, fmt: str) -> int | None:
+    """Rows of the input for progress: Parquet's footer, or the CSV's lines."""
+    try:
+        if fmt == "parquet":
+            return int(pq.ParquetFile(path).metadata.num_rows)
+        lines = 0
+        with open(path, "rb") as f:
+            while block := f.read(1 << 24):
+                lines += block.count(b"\n")
+        return max(0, lines - 1)
+    except (OSError, pa.ArrowException):
+        return None
+
+
+def assemble(files: JobFiles, n_parts: int, output_format: str) -> None:
+    """Stream the parts into result.parquet (and result.csv when asked), atomically."""
+    parts = [files.parts / f"{p:05d}.parquet" for p in range(n_parts)]
+    # Empty partitions hold a schema-only table; take the schema from one with rows.
+    with_rows = [p for p in parts if pq.ParquetFile(p).metadata.num_rows]
+    schema = pq.read_schema(with_rows[0] if with_rows else parts[0])
+    tmp = temp_beside(files.result_parquet)
+    with pq.ParquetWriter(tmp, schema) as writer:
+        for path in parts:
+            pf = pq.ParquetFile(path)
+            for i in range(pf.num_row_groups):
+                writer.write_table(pf.read_row_group(i).cast(schema))
+    fsync_file(tmp)
+    os.replace(tmp, files.result_parquet)
+    if output_format == "csv":
+        write_csv(files.result_parquet, files.result_csv)
+    fsync_dir(files.dir)
+
+
+def write_csv(parquet_path: Path, csv_path: Path) -> None:
+    """Stream a Parquet result into CSV (row group by row group)."""
+    tmp = temp_beside(csv_path)
+    pf = pq.ParquetFile(parquet_path)
+    with pacsv.CSVWriter(tmp, pf.schema_arrow) as writer:
+        for i in range(pf.num_row_groups):
+            writer.write_table(pf.read_row_group(i))
+    os.replace(tmp, csv_path)

@@ -1,0 +1,394 @@
+"""Running a batch job: its input forecast into parts, then assembled into one result.
+
+Memory stays bounded whatever the input size: the input is streamed once into hash partitions
+of about `batch_partition_bytes` each (all rows of a series land in the same partition), and
+each partition is forecast in chunks of `batch_chunk_series` series, each chunk's result
+appended to that partition's Parquet part. The parts are finally streamed into one result file.
+Finished parts are kept, so a job taken over after its worker died resumes at the next part.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from forecaster.errors import ForecasterInputError
+from forecaster.outputs import ForecastArrays
+from pipelines.predict import forecast_batch
+from service.errors import InvalidInputError
+from service.job_files import (
+    REQUIRED_COLUMNS,
+    JobFiles,
+    assemble,
+    collect_errors,
+    count_rows,
+    iter_input,
+    temp_beside,
+    unify,
+    write_errors,
+)
+from service.job_store import Job
+from service.model_manager import ServedModel
+
+logger = logging.getLogger(__name__)
+
+MAX_PARTITIONS = 256
+# Parquet compresses; its rows take several times the file size once in memory.
+PARQUET_EXPANSION = 4
+
+
+# (a chunk's forecast, the model's identity) -> None
+ForecastHook = Callable[[ForecastArrays, Any], None]
+
+
+class JobStopped(Exception):
+    """The job was cancelled, taken over, or the service is stopping."""
+
+
+@dataclass
+class JobContext:
+    job: Job
+    files: JobFiles
+    served: ServedModel
+    chunk_series: int
+    partition_bytes: int
+    report: Callable[..., bool]  # update(**progress) -> still ours?
+    stopping: threading.Event
+    on_forecast: ForecastHook | None = None  # sees each chunk's forecast (the forecast log)
+
+
+def process_job(ctx: JobContext) -> None:
+    """Run a job to its result file; resumable at partition granularity."""
+    job, files, forecaster = ctx.job, ctx.files, ctx.served.forecaster
+    columns = [*REQUIRED_COLUMNS, *forecaster.model_config.covariates]
+    input_path = Path(job.input_path)
+    if not input_path.exists():
+        raise InvalidInputError(f"path: the input file {str(input_path)!r} no longer exists")
+    covariates = forecaster.model_config.covariates
+    if covariates:
+        raise InvalidInputError(
+            f"the model needs known-future covariates {list(covariates)}, which batch jobs "
+            "do not take yet; use POST /v1/forecast with covariates",
+            field=covariates[0],
+        )
+    files.parts.mkdir(parents=True, exist_ok=True)
+    if job.model_version is not None and job.model_version != ctx.served.identity.version:
+        # Resumed under another model version: start over so one result has one model.
+        shutil.rmtree(files.parts, ignore_errors=True)
+        files.parts.mkdir(parents=True)
+    ident = ctx.served.identity
+    ctx.report(
+        model_name=ident.name,
+        model_version=ident.version,
+        model_alias=ident.alias,
+        model_run_id=ident.run_id,
+    )
+
+    expansion = PARQUET_EXPANSION if job.input_format == "parquet" else 1
+    n_parts = max(
+        1, min(MAX_PARTITIONS, math.ceil(job.input_bytes * expansion / ctx.partition_bytes))
+    )
+    mode_file = files.dir / "mode"
+    if n_parts == 1:
+        # Small enough to hold at once: one part.
+        n_done = _run_sources(
+            ctx,
+            iter([lambda: unify(list(iter_input(input_path, job.input_format, columns)))]),
+            count_rows(input_path, job.input_format),
+        )
+    else:
+        mode = mode_file.read_text() if mode_file.exists() else "stream"
+        n_done = None
+        if mode == "stream":
+            # Rows grouped by series (as most files are): one streaming pass, chunk by chunk.
+            try:
+                chunks = _grouped_chunks(input_path, job.input_format, columns, ctx.chunk_series)
+                n_done = _run_sources(
+                    ctx, (lambda t=t: t for t in chunks), count_rows(input_path, job.input_format)
+                )
+            except _NotGrouped:
+                logger.info("job %s: rows are not grouped by series; partitioning", job.id)
+                mode_file.write_text("partition")
+                shutil.rmtree(files.parts, ignore_errors=True)
+                files.parts.mkdir(parents=True)
+        if n_done is None:
+            rows_total = _partition(
+                input_path, job.input_format, columns, files.partitions, n_parts
+            )
+            n_done = _run_sources(
+                ctx,
+                (
+                    (lambda p=p: pq.read_table(files.partitions / f"{p:05d}.parquet"))
+                    for p in range(n_parts)
+                ),
+                rows_total,
+            )
+    errors = collect_errors(files, n_done)
+    if errors:
+        write_errors(errors, files.errors_csv)
+        done = [json.loads((files.parts / f"{p:05d}.json").read_text()) for p in range(n_done)]
+        if sum(d["series"] for d in done) == 0:
+            first = errors[0]
+            raise InvalidInputError(
+                f"no series could be forecast ({len(errors)} refused; the first: "
+                f"{first['detail']}); every reason is in the job's errors file",
+                field=first.get("field"),
+                series_id=first.get("series_id"),
+            )
+    assemble(files, n_done, job.output_format)
+    shutil.rmtree(files.partitions, ignore_errors=True)
+    shutil.rmtree(files.parts, ignore_errors=True)
+
+
+def _run_sources(
+    ctx: JobContext, sources: Iterator[Callable[[], pa.Table]], rows_total: int | None
+) -> int:
+    """Forecast each source table into its own part; parts already written are kept (resume).
+    Returns the number of parts."""
+    files = ctx.files
+    if rows_total is not None:
+        ctx.report(rows_total=rows_total)
+    rows_done = series_done = series_failed = 0
+    count = 0
+    for p, load in enumerate(sources):
+        count += 1
+        part = files.parts / f"{p:05d}.parquet"
+        meta = files.parts / f"{p:05d}.json"
+        if part.exists() and meta.exists():
+            done = json.loads(meta.read_text())
+            rows_done += done["rows"]
+            series_done += done["series"]
+            series_failed += len(done.get("errors", []))
+            continue
+        if ctx.stopping.is_set():
+            raise JobStopped("service stopping")
+        table = load()
+        rows, series, errors = _forecast_partition(ctx, table, part, rows_done, series_done)
+        meta.write_text(json.dumps({"rows": rows, "series": series, "errors": errors}))
+        rows_done += rows
+        series_done += series
+        series_failed += len(errors)
+        if not ctx.report(
+            rows_done=rows_done, series_done=series_done, series_failed=series_failed
+        ):
+            raise JobStopped("job cancelled or taken over")
+    if rows_total is None or rows_total != rows_done:
+        ctx.report(rows_total=rows_done)
+    return count
+
+
+class _NotGrouped(Exception):
+    """A series' rows are not contiguous in the input."""
+
+
+def _grouped_chunks(
+    path: Path, fmt: str, columns: list[str], chunk_series: int
+) -> Iterator[pa.Table]:
+    """Tables of `chunk_series` whole series each, streamed from an input whose rows are grouped
+    by series; raises _NotGrouped as soon as a series shows up again after others.
+
+    Memory: one chunk plus one input batch. Chunk k is the same on every pass over the same
+    file, which is what lets a resumed job skip the chunks it has written.
+    """
+    seen: set[int] = set()  # hashes of the series whose rows are complete
+    open_hash: int | None = None  # the series the last batch ended in
+    pending: list[pa.RecordBatch] = []
+    pending_rows = 0
+    starts: list[int] = []  # row offsets in `pending` where a series begins
+    for batch in iter_input(path, fmt, columns):
+        if batch.num_rows == 0:
+            continue
+        ids = batch.column("unique_id").to_numpy(zero_copy_only=False).astype(object)
+        hashes = pd.util.hash_array(ids)
+        group_starts = np.r_[0, np.flatnonzero(hashes[1:] != hashes[:-1]) + 1]
+        group_hashes = hashes[group_starts].tolist()
+        continues = open_hash is not None and group_hashes[0] == open_hash
+        if open_hash is not None and not continues:
+            seen.add(open_hash)
+        new = group_hashes[1:] if continues else group_hashes
+        if len(set(new)) != len(new) or not seen.isdisjoint(new):
+            raise _NotGrouped
+        seen.update(group_hashes[:-1])
+        open_hash = group_hashes[-1]
+        offsets = group_starts[1:] if continues else group_starts
+        starts.extend((offsets + pending_rows).tolist())
+        pending.append(batch)
+        pending_rows += batch.num_rows
+        while len(starts) - 1 >= chunk_series:  # the last series may go on in the next batch
+            end = starts[chunk_series]
+            table = unify(pending)
+            yield table.slice(0, end)
+            rest = table.slice(end)
+            pending, pending_rows = rest.to_batches(), rest.num_rows
+            starts = [s - end for s in starts[chunk_series:]]
+    if pending_rows:
+        yield unify(pending)
+
+
+def _partition(path: Path, fmt: str, columns: list[str], out_dir: Path, n_parts: int) -> int:
+    """Hash-partition the input by series id into `n_parts` Parquet files; returns rows."""
+    done_marker = out_dir / "_DONE"
+    if done_marker.exists():
+        return int(done_marker.read_text())
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True)
+    writers: dict[int, pq.ParquetWriter] = {}
+    schema: pa.Schema | None = None
+    rows = 0
+    try:
+        for batch in iter_input(path, fmt, columns):
+            if schema is None:
+                schema = batch.schema
+            elif not batch.schema.equals(schema):
+                batch = _cast_like(batch, schema)
+            rows += batch.num_rows
+            ids = batch.column("unique_id").to_numpy(zero_copy_only=False)
+            bucket = (pd.util.hash_array(ids.astype(object)) % np.uint64(n_parts)).astype(np.int64)
+            order = np.argsort(bucket, kind="stable")
+            sorted_buckets = bucket[order]
+            bounds = np.searchsorted(sorted_buckets, np.arange(n_parts + 1))
+            taken = batch.take(pa.array(order))
+            for p in range(n_parts):
+                lo, hi = bounds[p], bounds[p + 1]
+                if hi <= lo:
+                    continue
+                if p not in writers:
+                    writers[p] = pq.ParquetWriter(out_dir / f"{p:05d}.parquet", schema)
+                writers[p].write_batch(taken.slice(lo, hi - lo))
+    finally:
+        for w in writers.values():
+            w.close()
+    assert schema is not None, "iter_input yields at least one batch for a non-empty file"
+    for p in range(n_parts):  # partitions no series hashed to still need a (empty) file
+        target = out_dir / f"{p:05d}.parquet"
+        if not target.exists():
+            pq.write_table(schema.empty_table(), target)
+    done_marker.write_text(str(rows))
+    return rows
+
+
+def _cast_like(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    try:
+        return batch.cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise InvalidInputError(
+            f"file: malformed CSV: a column changes type part-way through the file ({exc})",
+            field="file",
+        ) from None
+
+
+def _forecast_partition(
+    ctx: JobContext, table: pa.Table, part: Path, rows_before: int, series_before: int
+) -> tuple[int, int, list[dict[str, Any]]]:
+    """Forecast one partition in chunks of series; write its part file atomically.
+    Returns the rows read, the series forecast and the errors of the series left out."""
+    forecaster = ctx.served.forecaster
+    tmp = temp_beside(part)
+    errors: list[dict[str, Any]] = []
+    if table.num_rows == 0:
+        _empty_result(forecaster, ctx.job).to_parquet(tmp, index=False)
+        os.replace(tmp, part)
+        return 0, 0, errors
+    frame = table.to_pandas()
+    codes, uniques = pd.factorize(frame["unique_id"], sort=False)
+    order = np.argsort(codes, kind="stable")
+    frame = frame.take(order).reset_index(drop=True)
+    codes = codes[order]
+    n_series = len(uniques)
+    starts = np.searchsorted(codes, np.arange(0, n_series, ctx.chunk_series))
+    ends = np.r_[starts[1:], len(codes)]
+    writer: pq.ParquetWriter | None = None
+    rows = series = 0
+    try:
+        for lo, hi in zip(starts, ends, strict=True):
+            if ctx.stopping.is_set():
+                raise JobStopped("service stopping")
+            chunk = frame.iloc[lo:hi]
+            arrays = _forecast_good_series(ctx, chunk, errors)
+            if arrays is None:  # every series of the chunk was bad
+                rows += int(hi - lo)
+                continue
+            out = arrays.to_frame()
+            if ctx.on_forecast is not None:
+                ctx.on_forecast(arrays, ctx.served.identity)
+            result = pa.Table.from_pandas(out, preserve_index=False)
+            if writer is None:
+                writer = pq.ParquetWriter(tmp, result.schema)
+            writer.write_table(result)
+            rows += int(hi - lo)
+            series += len(arrays)
+            if not ctx.report(rows_done=rows_before + rows, series_done=series_before + series):
+                raise JobStopped("job cancelled or taken over")
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is None:  # no series of the partition could be forecast
+        _empty_result(forecaster, ctx.job).to_parquet(tmp, index=False)
+    os.replace(tmp, part)
+    return rows, series, errors
+
+
+def _forecast_good_series(
+    ctx: JobContext, chunk: pd.DataFrame, errors: list[dict[str, Any]]
+) -> ForecastArrays | None:
+    """Forecast the chunk's series, leaving out (and recording in `errors`) each series the
+    core refuses; None when none is left. An error naming no series stops the job."""
+    forecaster = ctx.served.forecaster
+    while len(chunk):
+        try:
+            return forecast_batch(
+                forecaster, chunk, horizon=ctx.job.horizon, quantiles=ctx.job.quantiles
+            )
+        except ForecasterInputError as exc:
+            if exc.series_id is None:
+                raise
+            errors.append(input_error_payload(exc))
+            chunk = chunk[chunk["unique_id"].astype("str") != str(exc.series_id)]
+    return None
+
+
+def _empty_result(forecaster: Any, job: Job) -> pd.DataFrame:
+    from forecaster.data import quantile_column
+
+    quantiles = job.quantiles or list(forecaster.quantiles)
+    data: dict[str, Any] = {
+        "unique_id": pd.array([], dtype="str"),
+        "ds": pd.Series([], dtype="datetime64[ns]"),
+        "mean": pd.Series([], dtype="float64"),
+    }
+    for q in quantiles:
+        data[quantile_column(q)] = pd.Series([], dtype="float64")
+    return pd.DataFrame(data)
+
+
+def input_error_payload(exc: Exception) -> dict[str, Any]:
+    if isinstance(exc, ForecasterInputError):
+        from service.errors import describe_input_error
+
+        return {
+            "error": type(exc).__name__,
+            "detail": describe_input_error(exc),
+            "field": exc.field,
+            "series_id": exc.series_id,
+        }
+    if isinstance(exc, InvalidInputError):
+        return {
+            "error": exc.kind,
+            "detail": exc.message,
+            "field": exc.field,
+            "series_id": exc.series_id,
+        }
+    return {"error": "internal_error", "detail": f"{type(exc).__name__}: {exc}"}

@@ -55,6 +55,10 @@ class UnsortedTimestampsError(ForecasterInputError):
     """A series' timestamps are not increasing."""
 
 
+class SeriesNotContiguousError(ForecasterInputError):
+    """A file streamed series by series has a series' rows resume after other series'."""
+
+
 class IrregularTimestampsError(ForecasterInputError):
     """A series has gaps (or extra points) in what should be a regular frequency."""
 

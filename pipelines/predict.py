@@ -23,7 +23,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -36,6 +35,7 @@ from forecaster.outputs import ForecastArrays
 from forecaster.validation import ID, TARGET, TIME
 from pipelines.forecast_log import ForecastLog, records
 from pipelines.registry import ModelRef, load_forecaster
+from pipelines.series_chunks import whole_series_chunks
 
 logger = logging.getLogger(__name__)
 
@@ -98,73 +98,13 @@ def read_chunks(
 
         def parquet_chunks() -> Iterator[pd.DataFrame]:
             for batch in file.iter_batches(batch_size=rows, columns=list(columns)):
-                yield batch.to_pandas()
+                frame = batch.to_pandas()
+                frame[ID] = frame[ID].astype("str")  # as the CSV reader reads them
+                yield frame
 
         return parquet_chunks(), file.metadata.num_rows
     reader = pd.read_csv(path, usecols=list(columns), dtype={ID: "str"}, chunksize=rows)
     return iter(reader), None
-
-
-def series_batches(chunks: Iterator[pd.DataFrame], chunk_series: int) -> Iterator[pd.DataFrame]:
-    """Regroup row chunks into frames of ``chunk_series`` complete series each.
-
-    The last series of a chunk may continue in the next one, so it is held back until a
-    different id follows. A series id that reappears after other series is an error.
-    """
-    pending: list[pd.DataFrame] = []  # rows of complete series not yet handed out
-    n_pending = 0
-    tail: pd.DataFrame | None = None  # rows of the series that may continue
-    finished: set[str] = set()
-    for chunk in chunks:
-        if len(chunk) == 0:
-            continue
-        chunk = chunk.reset_index(drop=True)
-        chunk[ID] = chunk[ID].astype("str")
-        frame = chunk if tail is None else pd.concat([tail, chunk], ignore_index=True)
-        ids = frame[ID].to_numpy()
-        last_id = ids[-1]
-        # The held-back series ends where the first row of another id begins.
-        is_last = ids == last_id
-        boundary = len(ids) - int(np.argmax(~is_last[::-1])) if (~is_last).any() else 0
-        complete, tail = frame.iloc[:boundary], frame.iloc[boundary:]
-        if len(complete):
-            starts = np.flatnonzero(
-                np.r_[True, complete[ID].to_numpy()[1:] != complete[ID].to_numpy()[:-1]]
-            )
-            new_ids = complete[ID].to_numpy()[starts]
-            _check_contiguous(new_ids, finished)
-            finished.update(new_ids)
-            pending.append(complete)
-            n_pending += len(new_ids)
-            if n_pending >= chunk_series:
-                yield from _emit(pd.concat(pending, ignore_index=True), chunk_series)
-                pending, n_pending = [], 0
-    if tail is not None and len(tail):
-        _check_contiguous(tail[ID].to_numpy()[:1], finished)
-        pending.append(tail)
-    if pending:
-        yield from _emit(pd.concat(pending, ignore_index=True), chunk_series)
-
-
-def _check_contiguous(new_ids: np.ndarray, finished: set[str]) -> None:
-    """Raise when a series starts again after it ended (ids in ``new_ids`` are run starts)."""
-    again = [sid for sid in new_ids if sid in finished]
-    again += list(pd.Series(new_ids)[pd.Series(new_ids).duplicated()])
-    if again:
-        raise ForecasterInputError(
-            f"series {again[0]!r}: its rows are not contiguous in the input; batch scoring "
-            f"streams series by series, so sort the file by {ID}, {TIME} first",
-            series_id=str(again[0]),
-            field=ID,
-        )
-
-
-def _emit(frame: pd.DataFrame, chunk_series: int) -> Iterator[pd.DataFrame]:
-    ids = frame[ID].to_numpy()
-    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-    bounds = [*starts[::chunk_series], len(frame)]
-    for begin, end in zip(bounds[:-1], bounds[1:], strict=True):
-        yield frame.iloc[begin:end].reset_index(drop=True)
 
 
 class _Writer:
@@ -291,7 +231,7 @@ def predict_file(
         total=total, unit="rows", desc="forecasting", disable=not progress, dynamic_ncols=True
     )
     try:
-        for batch in series_batches(chunks, chunk_series):
+        for batch in whole_series_chunks(chunks, chunk_series):
             forecast = forecast_batch(forecaster, batch, horizon=horizon, quantiles=quantiles)
             writer.write(forecast.to_frame())
             if log is not None:

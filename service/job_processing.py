@@ -25,9 +25,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from forecaster.errors import ForecasterInputError
+from forecaster.errors import ForecasterInputError, SeriesNotContiguousError
 from forecaster.outputs import ForecastArrays
 from pipelines.predict import forecast_batch
+from pipelines.series_chunks import whole_series_chunks
 from service.errors import InvalidInputError
 from service.job_files import (
     REQUIRED_COLUMNS,
@@ -104,22 +105,22 @@ def process_job(ctx: JobContext) -> None:
     mode_file = files.dir / "mode"
     if n_parts == 1:
         # Small enough to hold at once: one part.
-        n_done = _run_sources(
-            ctx,
-            iter([lambda: unify(list(iter_input(input_path, job.input_format, columns)))]),
-            count_rows(input_path, job.input_format),
-        )
+        def whole_input() -> pd.DataFrame:
+            return unify(list(iter_input(input_path, job.input_format, columns))).to_pandas()
+
+        n_done = _run_sources(ctx, iter([whole_input]), count_rows(input_path, job.input_format))
     else:
         mode = mode_file.read_text() if mode_file.exists() else "stream"
         n_done = None
         if mode == "stream":
             # Rows grouped by series (as most files are): one streaming pass, chunk by chunk.
             try:
-                chunks = _grouped_chunks(input_path, job.input_format, columns, ctx.chunk_series)
+                batches = iter_input(input_path, job.input_format, columns)
+                chunks = whole_series_chunks((b.to_pandas() for b in batches), ctx.chunk_series)
                 n_done = _run_sources(
-                    ctx, (lambda t=t: t for t in chunks), count_rows(input_path, job.input_format)
+                    ctx, (lambda c=c: c for c in chunks), count_rows(input_path, job.input_format)
                 )
-            except _NotGrouped:
+            except SeriesNotContiguousError:
                 logger.info("job %s: rows are not grouped by series; partitioning", job.id)
                 mode_file.write_text("partition")
                 shutil.rmtree(files.parts, ignore_errors=True)
@@ -131,7 +132,7 @@ def process_job(ctx: JobContext) -> None:
             n_done = _run_sources(
                 ctx,
                 (
-                    (lambda p=p: pq.read_table(files.partitions / f"{p:05d}.parquet"))
+                    (lambda p=p: pq.read_table(files.partitions / f"{p:05d}.parquet").to_pandas())
                     for p in range(n_parts)
                 ),
                 rows_total,
@@ -154,9 +155,11 @@ def process_job(ctx: JobContext) -> None:
 
 
 def _run_sources(
-    ctx: JobContext, sources: Iterator[Callable[[], pa.Table]], rows_total: int | None
+    ctx: JobContext,
+    sources: Iterator[Callable[[], pd.DataFrame]],
+    rows_total: int | None,
 ) -> int:
-    """Forecast each source table into its own part; parts already written are kept (resume).
+    """Forecast each source's rows into its own part; parts already written are kept (resume).
     Returns the number of parts."""
     files = ctx.files
     if rows_total is not None:
@@ -175,8 +178,7 @@ def _run_sources(
             continue
         if ctx.stopping.is_set():
             raise JobStopped("service stopping")
-        table = load()
-        rows, series, errors = _forecast_partition(ctx, table, part, rows_done, series_done)
+        rows, series, errors = _forecast_partition(ctx, load(), part, rows_done, series_done)
         meta.write_text(json.dumps({"rows": rows, "series": series, "errors": errors}))
         rows_done += rows
         series_done += series
@@ -188,54 +190,6 @@ def _run_sources(
     if rows_total is None or rows_total != rows_done:
         ctx.report(rows_total=rows_done)
     return count
-
-
-class _NotGrouped(Exception):
-    """A series' rows are not contiguous in the input."""
-
-
-def _grouped_chunks(
-    path: Path, fmt: str, columns: list[str], chunk_series: int
-) -> Iterator[pa.Table]:
-    """Tables of `chunk_series` whole series each, streamed from an input whose rows are grouped
-    by series; raises _NotGrouped as soon as a series shows up again after others.
-
-    Memory: one chunk plus one input batch. Chunk k is the same on every pass over the same
-    file, which is what lets a resumed job skip the chunks it has written.
-    """
-    seen: set[int] = set()  # hashes of the series whose rows are complete
-    open_hash: int | None = None  # the series the last batch ended in
-    pending: list[pa.RecordBatch] = []
-    pending_rows = 0
-    starts: list[int] = []  # row offsets in `pending` where a series begins
-    for batch in iter_input(path, fmt, columns):
-        if batch.num_rows == 0:
-            continue
-        ids = batch.column("unique_id").to_numpy(zero_copy_only=False).astype(object)
-        hashes = pd.util.hash_array(ids)
-        group_starts = np.r_[0, np.flatnonzero(hashes[1:] != hashes[:-1]) + 1]
-        group_hashes = hashes[group_starts].tolist()
-        continues = open_hash is not None and group_hashes[0] == open_hash
-        if open_hash is not None and not continues:
-            seen.add(open_hash)
-        new = group_hashes[1:] if continues else group_hashes
-        if len(set(new)) != len(new) or not seen.isdisjoint(new):
-            raise _NotGrouped
-        seen.update(group_hashes[:-1])
-        open_hash = group_hashes[-1]
-        offsets = group_starts[1:] if continues else group_starts
-        starts.extend((offsets + pending_rows).tolist())
-        pending.append(batch)
-        pending_rows += batch.num_rows
-        while len(starts) - 1 >= chunk_series:  # the last series may go on in the next batch
-            end = starts[chunk_series]
-            table = unify(pending)
-            yield table.slice(0, end)
-            rest = table.slice(end)
-            pending, pending_rows = rest.to_batches(), rest.num_rows
-            starts = [s - end for s in starts[chunk_series:]]
-    if pending_rows:
-        yield unify(pending)
 
 
 def _partition(path: Path, fmt: str, columns: list[str], out_dir: Path, n_parts: int) -> int:
@@ -291,18 +245,17 @@ def _cast_like(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
 
 
 def _forecast_partition(
-    ctx: JobContext, table: pa.Table, part: Path, rows_before: int, series_before: int
+    ctx: JobContext, frame: pd.DataFrame, part: Path, rows_before: int, series_before: int
 ) -> tuple[int, int, list[dict[str, Any]]]:
     """Forecast one partition in chunks of series; write its part file atomically.
     Returns the rows read, the series forecast and the errors of the series left out."""
     forecaster = ctx.served.forecaster
     tmp = temp_beside(part)
     errors: list[dict[str, Any]] = []
-    if table.num_rows == 0:
+    if len(frame) == 0:
         _empty_result(forecaster, ctx.job).to_parquet(tmp, index=False)
         os.replace(tmp, part)
         return 0, 0, errors
-    frame = table.to_pandas()
     codes, uniques = pd.factorize(frame["unique_id"], sort=False)
     order = np.argsort(codes, kind="stable")
     frame = frame.take(order).reset_index(drop=True)

@@ -120,4 +120,8 @@ def test_unforecastable_history_and_bad_params_are_named(model_dir, history, tmp
     assert main([*args, "--input", str(tmp_path / "in.csv"), "--quantiles", "0.3"]) == 2
     assert "quantiles" in capsys.readouterr().err
     assert main([*args, "--input", str(tmp_path / "in.txt")]) == 2
+    history.sample(frac=1.0, random_state=0).to_csv(tmp_path / "shuffled.csv", index=False)
+    assert main([*args, "--input", str(tmp_path / "shuffled.csv"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "series 'series_" in err and "rows are not contiguous" in err
     assert not (tmp_path / "o.csv").exists()

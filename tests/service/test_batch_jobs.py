@@ -255,21 +255,6 @@ def test_job_files_are_durable_before_202(client, history, tmp_path, fmt):
     assert json.loads(json.dumps(job))["input_format"] == fmt
 
 
-def test_grouped_input_streams_in_chunks_of_whole_series(tmp_path, training_frame):
-    from service.job_processing import _grouped_chunks, _NotGrouped
-
-    frame = training_frame.groupby("unique_id").tail(50).reset_index(drop=True)
-    path = tmp_path / "grouped.parquet"
-    frame.to_parquet(path, index=False, row_group_size=37)  # batches cut series mid-way
-    chunks = [c.to_pandas() for c in _grouped_chunks(path, "parquet", ["unique_id", "ds", "y"], 3)]
-    assert [c["unique_id"].nunique() for c in chunks] == [3, 1]
-    assert pd.concat(chunks, ignore_index=True).equals(frame)
-    shuffled = tmp_path / "interleaved.parquet"
-    frame.sort_values("ds", kind="stable").to_parquet(shuffled, index=False)
-    with pytest.raises(_NotGrouped):
-        list(_grouped_chunks(shuffled, "parquet", ["unique_id", "ds", "y"], 3))
-
-
 def test_grouped_input_in_many_chunks_gives_the_same_result(make_client, fitted, training_frame):
     client = make_client(batch_partition_bytes=4096, batch_chunk_series=3)
     frames = []

@@ -3,7 +3,9 @@
 Memory stays bounded whatever the input size: the input is streamed once into hash partitions
 of about `batch_partition_bytes` each (all rows of a series land in the same partition), and
 each partition is forecast in chunks of `batch_chunk_series` series, each chunk's result
-appended to that partition's Parquet part. The parts are finally streamed into one result file.
+appended to that partition's Parquet part and the job's progress reported. An input whose rows
+are grouped by series is streamed chunk by chunk instead, a part per chunk. The parts are
+finally streamed into one result file.
 Finished parts are kept, so a job taken over after its worker died resumes at the next part.
 """
 
@@ -164,32 +166,45 @@ def _run_sources(
     files = ctx.files
     if rows_total is not None:
         ctx.report(rows_total=rows_total)
-    rows_done = series_done = series_failed = 0
+    done = _Counts()
     count = 0
     for p, load in enumerate(sources):
         count += 1
         part = files.parts / f"{p:05d}.parquet"
         meta = files.parts / f"{p:05d}.json"
         if part.exists() and meta.exists():
-            done = json.loads(meta.read_text())
-            rows_done += done["rows"]
-            series_done += done["series"]
-            series_failed += len(done.get("errors", []))
+            saved = json.loads(meta.read_text())
+            done += _Counts(saved["rows"], saved["series"], len(saved.get("errors", [])))
             continue
         if ctx.stopping.is_set():
             raise JobStopped("service stopping")
-        rows, series, errors = _forecast_partition(ctx, load(), part, rows_done, series_done)
-        meta.write_text(json.dumps({"rows": rows, "series": series, "errors": errors}))
-        rows_done += rows
-        series_done += series
-        series_failed += len(errors)
-        if not ctx.report(
-            rows_done=rows_done, series_done=series_done, series_failed=series_failed
-        ):
-            raise JobStopped("job cancelled or taken over")
-    if rows_total is None or rows_total != rows_done:
-        ctx.report(rows_total=rows_done)
+        in_part, errors = _forecast_partition(ctx, load(), part, done)
+        meta.write_text(
+            json.dumps({"rows": in_part.rows, "series": in_part.series, "errors": errors})
+        )
+        done += in_part
+    if rows_total is None or rows_total != done.rows:
+        ctx.report(rows_total=done.rows)
     return count
+
+
+@dataclass(frozen=True)
+class _Counts:
+    """Rows read, series forecast and series left out: of a job, or of one of its parts."""
+
+    rows: int = 0
+    series: int = 0
+    failed: int = 0
+
+    def __add__(self, other: _Counts) -> _Counts:
+        return _Counts(
+            self.rows + other.rows, self.series + other.series, self.failed + other.failed
+        )
+
+    def report(self, ctx: JobContext) -> None:
+        """Record these as the job's progress; stop if the job is no longer this worker's."""
+        if not ctx.report(rows_done=self.rows, series_done=self.series, series_failed=self.failed):
+            raise JobStopped("job cancelled or taken over")
 
 
 def _partition(path: Path, fmt: str, columns: list[str], out_dir: Path, n_parts: int) -> int:
@@ -245,17 +260,19 @@ def _cast_like(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
 
 
 def _forecast_partition(
-    ctx: JobContext, frame: pd.DataFrame, part: Path, rows_before: int, series_before: int
-) -> tuple[int, int, list[dict[str, Any]]]:
-    """Forecast one partition in chunks of series; write its part file atomically.
-    Returns the rows read, the series forecast and the errors of the series left out."""
+    ctx: JobContext, frame: pd.DataFrame, part: Path, before: _Counts
+) -> tuple[_Counts, list[dict[str, Any]]]:
+    """Forecast one partition in chunks of series, reporting the job's progress (`before` plus
+    this partition's) after each; write its part file atomically.
+    Returns the partition's counts and the errors of the series left out."""
     forecaster = ctx.served.forecaster
     tmp = temp_beside(part)
     errors: list[dict[str, Any]] = []
+    in_part = _Counts()
     if len(frame) == 0:
         _empty_result(forecaster, ctx.job).to_parquet(tmp, index=False)
         os.replace(tmp, part)
-        return 0, 0, errors
+        return in_part, errors
     codes, uniques = pd.factorize(frame["unique_id"], sort=False)
     order = np.argsort(codes, kind="stable")
     frame = frame.take(order).reset_index(drop=True)
@@ -264,34 +281,29 @@ def _forecast_partition(
     starts = np.searchsorted(codes, np.arange(0, n_series, ctx.chunk_series))
     ends = np.r_[starts[1:], len(codes)]
     writer: pq.ParquetWriter | None = None
-    rows = series = 0
     try:
         for lo, hi in zip(starts, ends, strict=True):
             if ctx.stopping.is_set():
                 raise JobStopped("service stopping")
-            chunk = frame.iloc[lo:hi]
-            arrays = _forecast_good_series(ctx, chunk, errors)
-            if arrays is None:  # every series of the chunk was bad
-                rows += int(hi - lo)
-                continue
-            out = arrays.to_frame()
-            if ctx.on_forecast is not None:
-                ctx.on_forecast(arrays, ctx.served.identity)
-            result = pa.Table.from_pandas(out, preserve_index=False)
-            if writer is None:
-                writer = pq.ParquetWriter(tmp, result.schema)
-            writer.write_table(result)
-            rows += int(hi - lo)
-            series += len(arrays)
-            if not ctx.report(rows_done=rows_before + rows, series_done=series_before + series):
-                raise JobStopped("job cancelled or taken over")
+            arrays = _forecast_good_series(ctx, frame.iloc[lo:hi], errors)
+            if arrays is not None:  # None: every series of the chunk was bad
+                if ctx.on_forecast is not None:
+                    ctx.on_forecast(arrays, ctx.served.identity)
+                result = pa.Table.from_pandas(arrays.to_frame(), preserve_index=False)
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, result.schema)
+                writer.write_table(result)
+            forecast = 0 if arrays is None else len(arrays)
+            in_part = _Counts(in_part.rows + int(hi - lo), in_part.series + forecast, len(errors))
+            # Every chunk, bad ones too: a partition can take minutes.
+            (before + in_part).report(ctx)
     finally:
         if writer is not None:
             writer.close()
     if writer is None:  # no series of the partition could be forecast
         _empty_result(forecaster, ctx.job).to_parquet(tmp, index=False)
     os.replace(tmp, part)
-    return rows, series, errors
+    return in_part, errors
 
 
 def _forecast_good_series(

@@ -168,15 +168,15 @@ class Forecaster:
             mc = self.model_config = dataclasses.replace(
                 mc, patch_length=patch_length_for(train.freq)
             )
-        panel = SeriesPanel.from_frame(train.frame, mc)
+        panel = SeriesPanel.from_frame(train.columns, mc)
         h = mc.prediction_length
         if self.train_config.replay_lr_factors:
             train_set, val = WindowSet(panel, panel.window_origins(h)), None
         elif val_df is not None:
-            val_frame = validate_long_frame(
+            val_columns = validate_long_frame(
                 val_df, covariates=mc.covariates, freq=self.freq, allow_missing=True
-            ).frame
-            val_panel = SeriesPanel.from_frame(val_frame, mc)
+            ).columns
+            val_panel = SeriesPanel.from_frame(val_columns, mc)
             # Windows whose context is the given history and whose targets are the val points.
             history = np.minimum(mc.context_length, np.maximum(np.diff(val_panel.offsets) - h, 1))
             val = WindowSet(val_panel, val_panel.window_origins(h, min_context=history))
@@ -229,11 +229,11 @@ class Forecaster:
         horizon = self.check_horizon(horizon)
         mc = self.model_config
         validated: ValidatedFrame = validate_long_frame(
-            _frame(df), covariates=mc.covariates, freq=self.freq, allow_missing=True
+            df, covariates=mc.covariates, freq=self.freq, allow_missing=True
         )
-        panel = SeriesPanel.from_frame(validated.frame, mc)
+        panel = SeriesPanel.from_frame(validated.columns, mc)
         batch = gather_windows(panel, panel.last_origins(), mc.context_length, 0)
-        timestamps = validated.frame["ds"].to_numpy()
+        timestamps = validated.columns["ds"]
         last_timestamps = timestamps[panel.offsets[1:] - 1]
         future_ds = steps_after(  # (S, H)
             last_timestamps, self.freq, mc.prediction_length, panel.series_ids
@@ -301,8 +301,13 @@ class Forecaster:
             inputs.series_ids, inputs.last_timestamps, inputs.future_timestamps, mean, q, levels
         )
 
-    def attention(self, df: pd.DataFrame, future_df: pd.DataFrame | None = None) -> AttentionMaps:
-        """Attention weights behind the forecast of each series of `df` (see AttentionMaps)."""
+    def attention(
+        self,
+        df: pd.DataFrame | Mapping[str, np.ndarray],
+        future_df: pd.DataFrame | Mapping[str, np.ndarray] | None = None,
+    ) -> AttentionMaps:
+        """Attention weights behind the forecast of each series of `df` (a long frame or its
+        columns; see AttentionMaps)."""
         model = self._require_model()
         mc = self.model_config
         prepared = self.prepare(df, future_df)
@@ -358,10 +363,10 @@ class Forecaster:
         """
         self._require_model()
         mc = self.model_config
-        frame = validate_long_frame(
+        columns = validate_long_frame(
             df, covariates=mc.covariates, freq=self.freq, allow_missing=True
-        ).frame
-        panel = SeriesPanel.from_frame(frame, mc)
+        ).columns
+        panel = SeriesPanel.from_frame(columns, mc)
         origins = panel.window_origins(mc.prediction_length, min_context=mc.context_length)
         origins = evenly_spaced(origins, max_windows)
         ids = np.asarray(panel.series_ids)[panel.series_of(origins)]

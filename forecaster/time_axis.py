@@ -45,6 +45,7 @@ RANGE = f"{pd.Timestamp.min.date()}..{pd.Timestamp.max.date()}"
 # The nanosecond range in whole microseconds (inside it by less than a microsecond).
 _MIN_US = np.datetime64(pd.Timestamp.min.ceil("us").to_datetime64(), "us")
 _MAX_US = np.datetime64(pd.Timestamp.max.floor("us").to_datetime64(), "us")
+_NS = np.dtype("datetime64[ns]")
 
 _DAY_NS = 86_400 * 10**9
 _WEEKDAYS = ("MON", "TUE", "WED", "THU", "FRI", "SAT", "SUN")
@@ -57,11 +58,13 @@ _LEGACY_RE = re.compile(r"^(\d*)(M|Q|Y|A|H|T|S)(-[A-Za-z]+)?$")
 # -- timestamps ---------------------------------------------------------------------------------
 
 
-def parse_timestamps(col: pd.Series, ids: np.ndarray | None = None) -> np.ndarray:
+def parse_timestamps(col: pd.Series | np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
     """`ds` as a tz-naive datetime64[ns] numpy array (tz-aware input is converted to UTC).
 
     `ids` (the series id of each row) only serves the error message.
     """
+    if isinstance(col, np.ndarray) and col.dtype == _NS and not np.isnat(col).any():
+        return col  # already what this returns (the service's road)
     col = pd.Series(col)
     if ids is None:
         ids = pd.array(["series"] * len(col), dtype="str")

@@ -13,8 +13,10 @@ series codes), so validating millions of rows over 100k series costs a few hundr
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -48,19 +50,28 @@ from forecaster.time_axis import (
 MAX_ABS_VALUE = 1e30
 
 
+# A long frame, or its columns as arrays (the road the service takes: no DataFrame inside).
+LongData = pd.DataFrame | Mapping[str, Any]
+
+
 @dataclass(frozen=True)
 class ValidatedFrame:
     """A long frame that passed every rule.
 
-    `frame` holds `unique_id` (str), `ds` (datetime64[ns], tz-naive), `y` (float64) and the
-    requested covariates (float64), nothing else. Rows are grouped by series in order of first
-    appearance; within a series the caller's order is kept, which is increasing in time because
-    anything else is an error. The index is a fresh RangeIndex.
+    `columns` holds `unique_id` (str), `ds` (datetime64[ns], tz-naive), `y` (float64) and the
+    requested covariates (float64) as arrays, nothing else. Rows are grouped by series in order
+    of first appearance; within a series the caller's order is kept, which is increasing in
+    time because anything else is an error. `frame` is the same as a DataFrame (built on first
+    use, with a fresh RangeIndex), for callers that work with frames.
     """
 
-    frame: pd.DataFrame
+    columns: dict[str, Any]
     freq: str  # pandas offset alias, e.g. "h", "D", "15min", "MS", "W-SUN"
     n_series: int
+
+    @cached_property
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.columns)
 
 
 # --------------------------------------------------------------------------------------------
@@ -68,7 +79,7 @@ class ValidatedFrame:
 
 
 def validate_long_frame(
-    df: pd.DataFrame,
+    df: LongData,
     *,
     covariates: Sequence[str] = (),
     min_length: int = 1,
@@ -79,7 +90,8 @@ def validate_long_frame(
     """Check a long frame (`unique_id`, `ds`, target, covariates) and return it normalised.
 
     Args:
-        df: the user's frame. Extra columns are ignored and dropped from the result.
+        df: the user's frame, or its columns as equally long arrays. Extra columns are
+            ignored and dropped from the result.
         covariates: covariate columns that must be present, numeric and finite.
         min_length: the fewest observed target values a series may have.
         freq: the expected pandas offset alias; inferred from the data when None.
@@ -94,12 +106,12 @@ def validate_long_frame(
         SeriesTooShortError, FrequencyInferenceError, IrregularTimestampsError.
     """
     covariates = _check_arguments(covariates, min_length, target)
-    _check_frame(df, [ID, TIME, target, *covariates])
+    columns = _required_columns(df, [ID, TIME, target, *covariates])
 
-    ids, codes, uniques = _series_codes(df[ID])
-    ds = parse_timestamps(df[TIME], ids)
+    ids, codes, uniques = _series_codes(columns[ID])
+    ds = parse_timestamps(columns[TIME], ids)
     values = {
-        name: _as_float(df[name], name, ids, ds, allow_nan=allow_missing and name == target)
+        name: _as_float(columns[name], name, ids, ds, allow_nan=allow_missing and name == target)
         for name in (target, *covariates)
     }
 
@@ -117,15 +129,13 @@ def validate_long_frame(
     ids = ids if order is None else ids.take(order)
     if allow_missing:
         ids, ds, values = _fill_gaps(ids, codes, ds, values, offset, uniques, target)
-    frame = pd.DataFrame(
-        {
-            ID: ids,
-            TIME: ds,
-            TARGET: values[target],
-            **{name: values[name] for name in covariates},
-        }
-    )
-    return ValidatedFrame(frame=frame, freq=offset.freqstr, n_series=len(uniques))
+    validated = {
+        ID: ids,
+        TIME: ds,
+        TARGET: values[target],
+        **{name: values[name] for name in covariates},
+    }
+    return ValidatedFrame(columns=validated, freq=offset.freqstr, n_series=len(uniques))
 
 
 def infer_frequency(df: pd.DataFrame | pd.Series | pd.DatetimeIndex) -> str:
@@ -269,6 +279,28 @@ def _check_arguments(covariates: Sequence[str], min_length: int, target: str) ->
     return covariates
 
 
+def _required_columns(df: object, required: list[str]) -> dict[str, Any]:
+    """The required columns of a frame (as Series) or of a mapping of arrays (as arrays)."""
+    if isinstance(df, pd.DataFrame) or not isinstance(df, Mapping):
+        _check_frame(df, required)
+        return {name: df[name] for name in required}  # type: ignore[index]
+    missing = [c for c in required if c not in df]
+    if missing:
+        raise MissingColumnsError(
+            f"missing required columns {missing}; present columns: {list(map(str, df))}",
+            field=missing[0],
+        )
+    columns = {name: np.asarray(df[name]) for name in required}
+    lengths = {name: len(column) for name, column in columns.items()}
+    if len(set(lengths.values())) > 1:
+        raise ForecasterInputError(
+            f"columns have different lengths {lengths}; expected one value per row in each"
+        )
+    if lengths[required[0]] == 0:
+        raise EmptyDataError(f"data has no rows; expected at least one row with columns {required}")
+    return columns
+
+
 def _check_frame(df: object, required: list[str]) -> None:
     if not isinstance(df, pd.DataFrame):
         raise ForecasterInputError(f"data: expected a pandas DataFrame, got {type(df).__name__}")
@@ -288,8 +320,19 @@ def _check_frame(df: object, required: list[str]) -> None:
         )
 
 
-def _series_codes(col: pd.Series) -> tuple[pd.api.extensions.ExtensionArray, np.ndarray, pd.Index]:
+def _series_codes(
+    col: pd.Series | np.ndarray,
+) -> tuple[pd.api.extensions.ExtensionArray | np.ndarray, np.ndarray, pd.Index]:
     """Series ids as a string array, integer codes in order of first appearance, unique ids."""
+    # Ids that are already Python strings (the service's road) need no conversion.
+    if (
+        isinstance(col, np.ndarray)
+        and col.dtype == object
+        and all(type(v) is str for v in col.tolist())
+    ):
+        codes, uniques = pd.factorize(col)
+        return col, codes.astype(np.int64, copy=False), pd.Index(uniques)
+    col = pd.Series(col)
     missing = col.isna().to_numpy()
     if missing.any():
         i = int(np.argmax(missing))
@@ -302,26 +345,17 @@ def _series_codes(col: pd.Series) -> tuple[pd.api.extensions.ExtensionArray, np.
 
 
 def _as_float(
-    col: pd.Series, name: str, ids: np.ndarray, ds: np.ndarray, allow_nan: bool = False
+    col: pd.Series | np.ndarray,
+    name: str,
+    ids: np.ndarray,
+    ds: np.ndarray,
+    allow_nan: bool = False,
 ) -> np.ndarray:
     """A target/covariate column as float64, rejecting text, inf and (unless allowed) NaN."""
-    if pd.api.types.is_bool_dtype(col) and not col.isna().any():
-        values = col.to_numpy(dtype=np.float64)
-    elif pd.api.types.is_numeric_dtype(col):
-        values = col.to_numpy(dtype=np.float64, na_value=np.nan)
+    if isinstance(col, np.ndarray) and col.dtype == np.float64:
+        values = col
     else:
-        numeric = pd.to_numeric(col, errors="coerce")
-        bad = (numeric.isna() & col.notna()).to_numpy()
-        if bad.any():
-            i = int(np.argmax(bad))
-            sid = str(ids[i])
-            raise NonNumericValuesError(
-                f"series {sid!r}: column {name!r} holds {col.iat[i]!r} at {_ts(ds, i)} "
-                f"(row {i}); expected a number ({int(bad.sum())} non-numeric value(s) in all)",
-                series_id=sid,
-                field=name,
-            )
-        values = numeric.to_numpy(dtype=np.float64, na_value=np.nan)
+        values = _to_float(pd.Series(col), name, ids, ds)
     finite = np.isfinite(values) | (allow_nan & np.isnan(values))
     if not finite.all():
         i = int(np.argmin(finite))
@@ -344,6 +378,28 @@ def _as_float(
             series_id=sid,
             field=name,
         )
+    return values
+
+
+def _to_float(col: pd.Series, name: str, ids: np.ndarray, ds: np.ndarray) -> np.ndarray:
+    """A column as float64 (NaN where missing), or NonNumericValuesError naming the text."""
+    if pd.api.types.is_bool_dtype(col) and not col.isna().any():
+        values = col.to_numpy(dtype=np.float64)
+    elif pd.api.types.is_numeric_dtype(col):
+        values = col.to_numpy(dtype=np.float64, na_value=np.nan)
+    else:
+        numeric = pd.to_numeric(col, errors="coerce")
+        bad = (numeric.isna() & col.notna()).to_numpy()
+        if bad.any():
+            i = int(np.argmax(bad))
+            sid = str(ids[i])
+            raise NonNumericValuesError(
+                f"series {sid!r}: column {name!r} holds {col.iat[i]!r} at {_ts(ds, i)} "
+                f"(row {i}); expected a number ({int(bad.sum())} non-numeric value(s) in all)",
+                series_id=sid,
+                field=name,
+            )
+        values = numeric.to_numpy(dtype=np.float64, na_value=np.nan)
     return values
 
 

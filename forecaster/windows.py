@@ -10,7 +10,9 @@ whatever the number of windows.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -18,6 +20,9 @@ import torch
 
 from forecaster.config import ModelConfig
 from forecaster.time_axis import CALENDAR_FEATURES, calendar_features
+
+# A long frame or its columns as arrays: both index by column name.
+LongColumns = pd.DataFrame | Mapping[str, Any]
 
 
 @dataclass
@@ -31,12 +36,13 @@ class SeriesPanel:
     loss_scale: np.ndarray  # (n_series,) the unit in which each series' errors are counted
 
     @classmethod
-    def from_frame(cls, frame: pd.DataFrame, config: ModelConfig) -> SeriesPanel:
-        """frame: a validated long frame (grouped by series, on a regular grid, NaN = missing)."""
-        ids = frame["unique_id"].to_numpy()
+    def from_frame(cls, frame: LongColumns, config: ModelConfig) -> SeriesPanel:
+        """frame: a validated long frame or its columns (`ValidatedFrame.columns`): grouped by
+        series, on a regular grid, NaN = missing."""
+        ids = np.asarray(frame["unique_id"])
         starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
         offsets = np.r_[starts, len(ids)].astype(np.int64)
-        values = frame["y"].to_numpy(dtype=np.float64)
+        values = np.asarray(frame["y"], dtype=np.float64)
         return cls(
             values=values,
             covariates=covariate_matrix(frame, config),
@@ -87,16 +93,16 @@ def series_scales(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return np.where(std > 1e-10 * (1.0 + level), std, fallback)
 
 
-def covariate_matrix(frame: pd.DataFrame, config: ModelConfig) -> np.ndarray:
+def covariate_matrix(frame: LongColumns, config: ModelConfig) -> np.ndarray:
     """(T, F) float32: calendar features of `ds`, then the configured covariate columns."""
     parts = []
     if config.calendar_features:
         columns = [CALENDAR_FEATURES.index(name) for name in config.calendar_features]
         parts.append(calendar_features(frame["ds"])[:, columns])
-    if config.covariates:
-        parts.append(frame[list(config.covariates)].to_numpy(dtype=np.float32, na_value=0.0))
+    for name in config.covariates:
+        parts.append(np.nan_to_num(np.asarray(frame[name], dtype=np.float32), nan=0.0)[:, None])
     if not parts:
-        return np.zeros((len(frame), 0), dtype=np.float32)
+        return np.zeros((len(frame["ds"]), 0), dtype=np.float32)
     return np.concatenate(parts, axis=1).astype(np.float32, copy=False)
 
 

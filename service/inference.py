@@ -39,10 +39,6 @@ class FrameParts:
     history: Columns
     future: Columns | None = None
 
-    def frames(self) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-        future = None if self.future is None else pd.DataFrame(self.future)
-        return pd.DataFrame(self.history), future
-
     def series(self) -> tuple[list[str], np.ndarray]:
         """The series ids in order of first appearance and the rows of each (none without a
         `unique_id` column: the core's validation names what is missing)."""
@@ -280,8 +276,7 @@ def predict_items(
     for k, item in enumerate(items):
         try:
             parts = item.build()
-            history, future = parts.frames()
-            inputs = item.model.forecaster.prepare(history, future, item.horizon)
+            inputs = item.model.forecaster.prepare(parts.history, parts.future, item.horizon)
         except Exception as exc:  # this request's content: reported to it alone
             results[k] = exc
             continue
@@ -337,7 +332,8 @@ def render_forecast(forecast: ItemForecast, horizon: int, include_attention: boo
     """The `POST /v1/forecast` response body, encoded."""
     attention = None
     if include_attention:
-        maps = forecast.model.forecaster.attention(*forecast.parts.frames())
+        parts = forecast.parts
+        maps = forecast.model.forecaster.attention(parts.history, parts.future)
         attention = {
             str(sid): {
                 "context_start": maps.context_starts[s],

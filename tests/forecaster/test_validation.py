@@ -357,3 +357,61 @@ def test_values_too_large_to_scale_are_rejected_naming_the_series():
     with pytest.raises(NonNumericValuesError, match="series 'b'.*at most 1e\\+30") as error:
         validate_long_frame(frame)
     assert error.value.series_id == "b"
+
+
+def columns_of(df: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The service's road: ids as a Python-string object array, `ds` parsed, values float."""
+    return {
+        "unique_id": np.array(df["unique_id"].tolist(), dtype=object),
+        "ds": pd.to_datetime(df["ds"]).to_numpy(dtype="datetime64[ns]"),
+        "y": df["y"].to_numpy(dtype=np.float64),
+    }
+
+
+def test_columns_give_the_same_result_as_the_frame():
+    df = frame("h", n=6, ids=("a", "b", "c")).drop(index=[3]).reset_index(drop=True)
+    df.loc[7, "y"] = np.nan
+    df = df.sample(frac=1.0, random_state=0).sort_values("ds", kind="stable")  # interleaved
+    from_frame = validate_long_frame(df, allow_missing=True)
+    from_columns = validate_long_frame(columns_of(df), allow_missing=True)
+    assert from_columns.freq == from_frame.freq == "h"
+    pd.testing.assert_frame_equal(from_columns.frame, from_frame.frame)
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        lambda df: pd.concat([df, df.iloc[[13]]], ignore_index=True),  # duplicate timestamp
+        lambda df: df.iloc[[0, 2, 1, *range(3, len(df))]],  # unsorted
+        lambda df: df.drop(index=15),  # gap (an error without allow_missing)
+        lambda df: df.assign(y=df["y"].where(df.index != 12, np.inf)),  # not finite
+        lambda df: df.assign(y=df["y"].where(df.index != 12, 1e40)),  # too large to scale
+    ],
+)
+def test_columns_fail_with_the_frames_error(spoil):
+    bad = spoil(frame())
+    with pytest.raises(ForecasterInputError) as on_frame:
+        validate_long_frame(bad)
+    with pytest.raises(ForecasterInputError) as on_columns:
+        validate_long_frame(columns_of(bad))
+    assert type(on_columns.value) is type(on_frame.value)
+    assert str(on_columns.value) == str(on_frame.value)
+    assert on_columns.value.series_id == on_frame.value.series_id
+
+
+def test_columns_of_other_types_are_converted_like_a_frames():
+    df = frame("D", n=4, ids=(7, 8))  # integer ids, as a database would give them
+    columns = {"unique_id": df["unique_id"].to_numpy(), "ds": df["ds"].astype(str).to_numpy()}
+    result = validate_long_frame({**columns, "y": df["y"].astype(str).to_numpy()})
+    assert result.frame["unique_id"].tolist() == ["7"] * 4 + ["8"] * 4
+    assert result.frame["ds"].dtype == "datetime64[ns]"
+
+
+def test_columns_missing_or_of_different_lengths_are_named():
+    columns = columns_of(frame())
+    with pytest.raises(MissingColumnsError, match=r"missing required columns \['y'\]"):
+        validate_long_frame({k: v for k, v in columns.items() if k != "y"})
+    with pytest.raises(ForecasterInputError, match="different lengths"):
+        validate_long_frame({**columns, "y": columns["y"][:-1]})
+    with pytest.raises(EmptyDataError):
+        validate_long_frame({k: v[:0] for k, v in columns.items()})

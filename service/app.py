@@ -28,6 +28,7 @@ from service.middleware import (
 )
 from service.model_manager import ModelManager, ModelSource, RegistrySource
 from service.routers import batch_jobs, docs, forecast, health, models, scoring
+from service.schemas import ForecastRequest
 from service.settings import ServiceSettings
 from service.supervisor import Supervisor
 
@@ -136,6 +137,7 @@ def create_app(
     install_error_handlers(app)
     for module in (forecast, batch_jobs, models, scoring, health, docs):
         app.include_router(module.router)
+    app.openapi = docs.with_request_models(app, [ForecastRequest])  # type: ignore[method-assign]
     # Innermost first: metrics see every response (the JSON 500s included), the body limit
     # runs before any parsing.
     app.add_middleware(UnexpectedErrorMiddleware)

@@ -7,13 +7,37 @@ every other route.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
+from pydantic import BaseModel
 
 SCHEMA_PATH = "/openapi.json"
 
 router = APIRouter(include_in_schema=False)
+
+
+def with_request_models(
+    app: FastAPI, models: Sequence[type[BaseModel]]
+) -> Callable[[], dict[str, Any]]:
+    """`app.openapi` with the schemas of request bodies that routes parse themselves (in one
+    pass from JSON) and reference as `#/components/schemas/<Model>`."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()  # caches itself in app.openapi_schema
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in models:
+                definition = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(definition.pop("$defs", {}))
+                components[model.__name__] = definition
+        return app.openapi_schema
+
+    return openapi
 
 
 def _schema_url(request: Request) -> str:

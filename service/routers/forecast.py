@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+import json
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 
 from forecaster.errors import ForecasterInputError
 from service import rules
@@ -22,14 +27,45 @@ ERROR_RESPONSES = {
 }
 
 
+async def read_forecast_request(request: Request) -> ForecastRequest:
+    """The body, parsed and validated in one pass by pydantic's JSON parser.
+
+    FastAPI's own body handling decodes the JSON to Python objects and then validates them,
+    which costs three times as much on a request of a few hundred points. Errors are FastAPI's
+    422 all the same.
+    """
+    raw = await request.body()
+    try:
+        return ForecastRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        try:
+            decoded = json.loads(raw)  # for the handler to name the series of an error
+        except ValueError:
+            decoded = None
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        raise RequestValidationError(errors, body=decoded) from None
+
+
+# Documented as FastAPI documents a declared body (the schema is added in service.app).
+_BODY_SCHEMA = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/ForecastRequest"}}
+        },
+    }
+}
+
+
 @router.post(
     "/forecast",
     response_model=ForecastResponse,
     responses=ERROR_RESPONSES,
     summary="Forecast a few series from their recent history",
+    openapi_extra=_BODY_SCHEMA,
 )
 async def forecast(
-    body: ForecastRequest,
+    body: Annotated[ForecastRequest, Depends(read_forecast_request)],
     request: Request,
     served: ServedModelDep,
     batcher: BatcherDep,

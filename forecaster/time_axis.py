@@ -8,6 +8,7 @@ outside it is an ``InvalidTimestampsError`` naming it, never a silent wrap-aroun
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 from collections.abc import Sequence
@@ -213,18 +214,21 @@ def shift(timestamps: np.ndarray, freq: str, steps: np.ndarray | int) -> np.ndar
     shape = np.broadcast_shapes(ts.shape, steps.shape)
     nanos = fixed_nanos(offset)
     if nanos is not None:
-        # Python ints: exact, so an overflow is detected instead of wrapping around.
-        start = ts.astype(np.int64).astype(object)
-        moved = start + steps.astype(object) * nanos
-        flat = np.broadcast_to(moved, shape).reshape(-1)
+        start = ts.astype(np.int64)
         low, high = pd.Timestamp.min.value, pd.Timestamp.max.value
-        outside = [i for i, value in enumerate(flat) if not low <= value <= high]
-        if outside:
-            i = outside[0]
-            origin = np.broadcast_to(ts, shape).reshape(-1)[i]
-            n = int(np.broadcast_to(steps, shape).reshape(-1)[i])
-            raise _out_of_range(origin, n, offset)
-        return np.array(flat, dtype=np.int64).view("datetime64[ns]").reshape(shape)
+        if start.size and steps.size:
+            # Bounds in Python ints (exact): inside the range, no int64 result can overflow;
+            # only when they are not is each value checked, to name the first one outside.
+            moves = (int(steps.min()) * nanos, int(steps.max()) * nanos)
+            if int(start.min()) + min(moves) < low or int(start.max()) + max(moves) > high:
+                moved = start.astype(object) + steps.astype(object) * nanos
+                flat = np.broadcast_to(moved, shape).reshape(-1)
+                outside = [i for i, value in enumerate(flat) if not low <= value <= high]
+                if outside:
+                    origin = np.broadcast_to(ts, shape).reshape(-1)[outside[0]]
+                    n = int(np.broadcast_to(steps, shape).reshape(-1)[outside[0]])
+                    raise _out_of_range(origin, n, offset)
+        return (start + steps * nanos).view("datetime64[ns]").reshape(shape)
     # Calendar offsets (months, business days) are not fixed durations: one step at a time.
     ts_b = np.broadcast_to(ts, shape).reshape(-1)
     steps_b = np.broadcast_to(steps, shape).reshape(-1)
@@ -252,6 +256,7 @@ def _out_of_range(origin: np.datetime64, steps: int, offset: BaseOffset) -> Inva
 # -- frequencies --------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=256)  # offsets are immutable; aliases repeat on every request
 def parse_freq(freq: str) -> BaseOffset:
     """The pandas offset of an alias (older spellings such as "H" or "M" accepted), or
     `FrequencyInferenceError` naming the bad alias."""

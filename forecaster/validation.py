@@ -328,10 +328,10 @@ def _series_codes(
     if (
         isinstance(col, np.ndarray)
         and col.dtype == object
-        and all(type(v) is str for v in col.tolist())
+        and pd.api.types.infer_dtype(col, skipna=False) == "string"
     ):
         codes, uniques = pd.factorize(col)
-        return col, codes.astype(np.int64, copy=False), pd.Index(uniques)
+        return col, codes.astype(np.int64, copy=False), pd.Index(uniques, dtype=object)
     col = pd.Series(col)
     missing = col.isna().to_numpy()
     if missing.any():

@@ -333,6 +333,15 @@ def _iso(values: np.ndarray) -> list[str]:
     return np.datetime_as_string(values, unit="s").tolist()
 
 
+# Attention weights are in [0, 1]; four decimals are finer than any plot of them shows and
+# cut the maps' JSON to a third of full float precision (they dominate such a response).
+ATTENTION_DECIMALS = 4
+
+
+def _weights(layer: np.ndarray) -> list:
+    return np.round(layer.astype(np.float64), ATTENTION_DECIMALS).tolist()
+
+
 def render_forecast(forecast: ItemForecast, horizon: int, include_attention: bool) -> bytes:
     """The `POST /v1/forecast` response body, encoded."""
     attention = None
@@ -344,9 +353,9 @@ def render_forecast(forecast: ItemForecast, horizon: int, include_attention: boo
                 "context_start": maps.context_starts[s],
                 "patch_length": maps.patch_length,
                 "patch_stride": maps.patch_stride,
-                "encoder": [layer[s].tolist() for layer in maps.encoder],
-                "decoder_self": [layer[s].tolist() for layer in maps.decoder_self],
-                "cross": [layer[s].tolist() for layer in maps.cross],
+                "encoder": [_weights(layer[s]) for layer in maps.encoder],
+                "decoder_self": [_weights(layer[s]) for layer in maps.decoder_self],
+                "cross": [_weights(layer[s]) for layer in maps.cross],
             }
             for s, sid in enumerate(maps.series_ids)
         }

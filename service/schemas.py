@@ -113,8 +113,8 @@ class ModelInfo(BaseModel):
 
 
 class AttentionOut(BaseModel):
-    """Attention weights for one series; each list holds one array per layer, indexed
-    [head][query token][key token]. Encoder token i covers context steps
+    """Attention weights for one series, rounded to 4 decimals; each list holds one array per
+    layer, indexed [head][query token][key token]. Encoder token i covers context steps
     [i * patch_stride, i * patch_stride + patch_length) from `context_start`."""
 
     context_start: str

@@ -168,15 +168,17 @@ class Forecaster:
             mc = self.model_config = dataclasses.replace(
                 mc, patch_length=patch_length_for(train.freq)
             )
-        panel = SeriesPanel.from_frame(train.columns, mc)
+        panel = SeriesPanel.from_validated(train, mc)
         h = mc.prediction_length
         if self.train_config.replay_lr_factors:
             train_set, val = WindowSet(panel, panel.window_origins(h)), None
         elif val_df is not None:
-            val_columns = validate_long_frame(
-                val_df, covariates=mc.covariates, freq=self.freq, allow_missing=True
-            ).columns
-            val_panel = SeriesPanel.from_frame(val_columns, mc)
+            val_panel = SeriesPanel.from_validated(
+                validate_long_frame(
+                    val_df, covariates=mc.covariates, freq=self.freq, allow_missing=True
+                ),
+                mc,
+            )
             # Windows whose context is the given history and whose targets are the val points.
             history = np.minimum(mc.context_length, np.maximum(np.diff(val_panel.offsets) - h, 1))
             val = WindowSet(val_panel, val_panel.window_origins(h, min_context=history))
@@ -231,7 +233,7 @@ class Forecaster:
         validated: ValidatedFrame = validate_long_frame(
             df, covariates=mc.covariates, freq=self.freq, allow_missing=True
         )
-        panel = SeriesPanel.from_frame(validated.columns, mc)
+        panel = SeriesPanel.from_validated(validated, mc)
         batch = gather_windows(panel, panel.last_origins(), mc.context_length, 0)
         timestamps = validated.columns["ds"]
         last_timestamps = timestamps[panel.offsets[1:] - 1]
@@ -363,10 +365,10 @@ class Forecaster:
         """
         self._require_model()
         mc = self.model_config
-        columns = validate_long_frame(
+        validated = validate_long_frame(
             df, covariates=mc.covariates, freq=self.freq, allow_missing=True
-        ).columns
-        panel = SeriesPanel.from_frame(columns, mc)
+        )
+        panel = SeriesPanel.from_validated(validated, mc)
         origins = panel.window_origins(mc.prediction_length, min_context=mc.context_length)
         origins = evenly_spaced(origins, max_windows)
         ids = np.asarray(panel.series_ids)[panel.series_of(origins)]

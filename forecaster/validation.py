@@ -68,6 +68,8 @@ class ValidatedFrame:
     columns: dict[str, Any]
     freq: str  # pandas offset alias, e.g. "h", "D", "15min", "MS", "W-SUN"
     n_series: int
+    series_ids: list[str]  # one per series, in row order
+    offsets: np.ndarray  # (n_series + 1,) first row of each series, then the row count
 
     @cached_property
     def frame(self) -> pd.DataFrame:
@@ -128,14 +130,22 @@ def validate_long_frame(
 
     ids = ids if order is None else ids.take(order)
     if allow_missing:
-        ids, ds, values = _fill_gaps(ids, codes, ds, values, offset, uniques, target)
+        ids, ds, values, lengths = _fill_gaps(ids, codes, ds, values, offset, uniques, target)
+    else:
+        lengths = np.bincount(codes, minlength=len(uniques))
     validated = {
         ID: ids,
         TIME: ds,
         TARGET: values[target],
         **{name: values[name] for name in covariates},
     }
-    return ValidatedFrame(columns=validated, freq=offset.freqstr, n_series=len(uniques))
+    return ValidatedFrame(
+        columns=validated,
+        freq=offset.freqstr,
+        n_series=len(uniques),
+        series_ids=[str(u) for u in uniques],
+        offsets=np.r_[0, np.cumsum(lengths)].astype(np.int64),
+    )
 
 
 def infer_frequency(df: pd.DataFrame | pd.Series | pd.DatetimeIndex) -> str:
@@ -561,11 +571,11 @@ def _fill_gaps(
     offset: BaseOffset,
     uniques: pd.Index,
     target: str,
-) -> tuple[pd.api.extensions.ExtensionArray, np.ndarray, dict[str, np.ndarray]]:
+) -> tuple[pd.api.extensions.ExtensionArray, np.ndarray, dict[str, np.ndarray], np.ndarray]:
     """Insert a row for every timestamp missing from a series' grid: NaN target, covariates 0.
 
     Rows are grouped by series and on the grid of `offset` (checked before). Returns the ids,
-    timestamps and value columns with the new rows in place.
+    timestamps and value columns with the new rows in place, and each series' row count.
     """
     ds_i8 = ds.view(np.int64)
     nanos = fixed_nanos(offset)
@@ -590,7 +600,7 @@ def _fill_gaps(
         lengths = np.array([len(g) for g in grids], dtype=np.int64)
     counts = ends - starts
     if int(lengths.sum()) == len(codes):
-        return ids, ds, values
+        return ids, ds, values, lengths
     too_sparse = lengths - counts > MAX_GAP_RATIO * counts
     if too_sparse.any():
         k = int(np.argmax(too_sparse))
@@ -620,7 +630,7 @@ def _fill_gaps(
         out[target_rows] = column
         filled[name] = out
     filled_ids = pd.array(np.repeat(np.asarray(ids)[starts], lengths), dtype="str")
-    return filled_ids, filled_ds.view("datetime64[ns]"), filled
+    return filled_ids, filled_ds.view("datetime64[ns]"), filled, lengths
 
 
 def _series_offset(ds_i8: np.ndarray) -> BaseOffset | None:

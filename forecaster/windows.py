@@ -20,6 +20,7 @@ import torch
 
 from forecaster.config import ModelConfig
 from forecaster.time_axis import CALENDAR_FEATURES, calendar_features
+from forecaster.validation import ValidatedFrame
 
 # A long frame or its columns as arrays: both index by column name.
 LongColumns = pd.DataFrame | Mapping[str, Any]
@@ -36,19 +37,16 @@ class SeriesPanel:
     loss_scale: np.ndarray  # (n_series,) the unit in which each series' errors are counted
 
     @classmethod
-    def from_frame(cls, frame: LongColumns, config: ModelConfig) -> SeriesPanel:
-        """frame: a validated long frame or its columns (`ValidatedFrame.columns`): grouped by
-        series, on a regular grid, NaN = missing."""
-        ids = np.asarray(frame["unique_id"])
-        starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-        offsets = np.r_[starts, len(ids)].astype(np.int64)
-        values = np.asarray(frame["y"], dtype=np.float64)
+    def from_validated(cls, validated: ValidatedFrame, config: ModelConfig) -> SeriesPanel:
+        """The panel of a validated history (grouped by series, on a regular grid, NaN =
+        missing), taking its series boundaries from the validation."""
+        values = np.asarray(validated.columns["y"], dtype=np.float64)
         return cls(
             values=values,
-            covariates=covariate_matrix(frame, config),
-            series_ids=[str(ids[s]) for s in starts],
-            offsets=offsets,
-            loss_scale=series_scales(values, offsets),
+            covariates=covariate_matrix(validated.columns, config),
+            series_ids=validated.series_ids,
+            offsets=validated.offsets,
+            loss_scale=series_scales(values, validated.offsets),
         )
 
     def window_origins(self, horizon: int, min_context: int = 1) -> np.ndarray:

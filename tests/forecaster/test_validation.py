@@ -376,6 +376,12 @@ def test_columns_give_the_same_result_as_the_frame():
     from_columns = validate_long_frame(columns_of(df), allow_missing=True)
     assert from_columns.freq == from_frame.freq == "h"
     pd.testing.assert_frame_equal(from_columns.frame, from_frame.frame)
+    # Series boundaries, gap rows included, as the model's panel reads them.
+    ids = from_frame.frame["unique_id"].to_numpy()
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    for result in (from_frame, from_columns):
+        assert result.series_ids == [str(ids[i]) for i in starts]
+        np.testing.assert_array_equal(result.offsets, np.r_[starts, len(ids)])
 
 
 @pytest.mark.parametrize(

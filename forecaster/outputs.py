@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import torch
 
 from forecaster.data import quantile_column
@@ -105,3 +106,17 @@ class ForecastArrays:
         for k, level in enumerate(self.levels):
             out[quantile_column(level)] = self.quantiles[:, :, k].reshape(s * h)
         return pd.DataFrame(out)
+
+    def to_arrow(self) -> pa.Table:
+        """`to_frame()`'s table as Arrow, built from the arrays directly (for file writers:
+        no DataFrame in between)."""
+        s, h = self.mean.shape
+        ids = pa.array(self.series_ids.astype(str), type=pa.string())
+        out = {
+            "unique_id": ids.take(pa.array(np.repeat(np.arange(s), h))),
+            "ds": pa.array(self.timestamps.reshape(s * h)),
+            "mean": pa.array(self.mean.reshape(s * h)),
+        }
+        for k, level in enumerate(self.levels):
+            out[quantile_column(level)] = pa.array(self.quantiles[:, :, k].reshape(s * h))
+        return pa.table(out)

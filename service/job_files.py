@@ -225,17 +225,21 @@ def count_rows(path: Path, fmt: str) -> int | None:
 def assemble(files: JobFiles, n_parts: int, output_format: str) -> None:
     """Stream the parts into result.parquet (and result.csv when asked), atomically."""
     parts = [files.parts / f"{p:05d}.parquet" for p in range(n_parts)]
-    # Empty partitions hold a schema-only table; take the schema from one with rows.
-    with_rows = [p for p in parts if pq.ParquetFile(p).metadata.num_rows]
-    schema = pq.read_schema(with_rows[0] if with_rows else parts[0])
-    tmp = temp_beside(files.result_parquet)
-    with pq.ParquetWriter(tmp, schema) as writer:
-        for path in parts:
-            pf = pq.ParquetFile(path)
-            for i in range(pf.num_row_groups):
-                writer.write_table(pf.read_row_group(i).cast(schema))
-    fsync_file(tmp)
-    os.replace(tmp, files.result_parquet)
+    if len(parts) == 1:  # the part is the result: renamed, not rewritten
+        fsync_file(parts[0])
+        os.replace(parts[0], files.result_parquet)
+    else:
+        # Empty partitions hold a schema-only table; take the schema from one with rows.
+        with_rows = [p for p in parts if pq.ParquetFile(p).metadata.num_rows]
+        schema = pq.read_schema(with_rows[0] if with_rows else parts[0])
+        tmp = temp_beside(files.result_parquet)
+        with pq.ParquetWriter(tmp, schema) as writer:
+            for path in parts:
+                pf = pq.ParquetFile(path)
+                for i in range(pf.num_row_groups):
+                    writer.write_table(pf.read_row_group(i).cast(schema))
+        fsync_file(tmp)
+        os.replace(tmp, files.result_parquet)
     if output_format == "csv":
         write_csv(files.result_parquet, files.result_csv)
     fsync_dir(files.dir)

@@ -18,6 +18,7 @@ import os
 import shutil
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -281,6 +282,10 @@ def _forecast_partition(
     starts = np.searchsorted(codes, np.arange(0, n_series, ctx.chunk_series))
     ends = np.r_[starts[1:], len(codes)]
     writer: pq.ParquetWriter | None = None
+    # Arrow encodes and writes without the GIL: chunk k is written while chunk k + 1 is
+    # forecast (one write in flight, so memory stays two chunks).
+    writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-job-write")
+    written: Future[None] | None = None
     try:
         for lo, hi in zip(starts, ends, strict=True):
             if ctx.stopping.is_set():
@@ -289,15 +294,20 @@ def _forecast_partition(
             if arrays is not None:  # None: every series of the chunk was bad
                 if ctx.on_forecast is not None:
                     ctx.on_forecast(arrays, ctx.served.identity)
-                result = pa.Table.from_pandas(arrays.to_frame(), preserve_index=False)
+                result = arrays.to_arrow()
                 if writer is None:
                     writer = pq.ParquetWriter(tmp, result.schema)
-                writer.write_table(result)
+                if written is not None:
+                    written.result()
+                written = writes.submit(writer.write_table, result)
             forecast = 0 if arrays is None else len(arrays)
             in_part = _Counts(in_part.rows + int(hi - lo), in_part.series + forecast, len(errors))
             # Every chunk, bad ones too: a partition can take minutes.
             (before + in_part).report(ctx)
+        if written is not None:
+            written.result()
     finally:
+        writes.shutdown(wait=True)
         if writer is not None:
             writer.close()
     if writer is None:  # no series of the partition could be forecast

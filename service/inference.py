@@ -334,7 +334,7 @@ def _iso(values: np.ndarray) -> list[str]:
 
 
 # Attention weights are in [0, 1]; four decimals are finer than any plot of them shows and
-# cut the maps' JSON to a third of full float precision (they dominate such a response).
+# halve the maps' JSON against full float precision (default model, one series: 46 -> 22 kB).
 ATTENTION_DECIMALS = 4
 
 

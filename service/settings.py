@@ -65,7 +65,7 @@ class ServiceSettings(BaseSettings):
     max_series_per_request: int = Field(1000, ge=1)
     max_history_length: int = Field(20_000, ge=1)
     max_upload_bytes: int = Field(4 * 1024**3, ge=1024)
-    # Series per request with include_attention: the maps are ~80x the forecast's size.
+    # Series per request with include_attention: the maps grow with heads x layers x tokens².
     max_attention_series: int = Field(16, ge=1)
 
     # Batch jobs: SQLite database and files live here; jobs submitted by path must name a

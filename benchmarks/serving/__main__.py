@@ -8,8 +8,10 @@ accuracy), registers it as `champion` in a SQLite-backed registry with the pipel
 step, measures the in-process `predict` time for the benchmark request (the floor), starts this
 service and `mlflow models serve --env-manager local` for the same registered model on loopback,
 drives each with the same closed-loop load at each concurrency for a fixed duration, and prints
-throughput and p50/p95/p99 side by side. Then it times a batch job of `--batch-series` series
-against one in-process batched `predict` over the same frame. Everything is written as JSON.
+throughput and p50/p95/p99 side by side. At concurrency 1 it then alternates rounds of the
+in-process floor and of each of our routes (a paired measurement: a shared machine's drift
+hits both sides), and times a batch job of `--batch-series` series against one in-process
+batched `predict` over the same frame, run just before it. Everything is written as JSON.
 """
 
 from __future__ import annotations
@@ -87,6 +89,26 @@ def in_process_floor(model: Forecaster, history: pd.DataFrame, repeats: int = 20
         times.append(time.perf_counter() - start)
     ms = np.asarray(times) * 1000
     return {"p50_ms": float(np.median(ms)), "p95_ms": float(np.percentile(ms, 95))}
+
+
+def paired_overhead(
+    model: Forecaster, history: pd.DataFrame, port: int, targets: dict, rounds: int = 7
+) -> dict:
+    """The service's latency above the in-process floor at concurrency 1, measured in
+    alternating rounds (floor, then each route, 2 s each) so that drift of a shared machine
+    hits both sides; the medians over rounds of each side's p50 and of the gap."""
+    per_round: list[dict] = []
+    for _ in range(rounds):
+        row = {"floor": in_process_floor(model, history, repeats=150)["p50_ms"]}
+        for name, request in targets.items():
+            row[name] = run_load(HOST, port, request, 1, 2.0).p50_ms
+        per_round.append(row)
+    out: dict = {"rounds": per_round}
+    for name in ["floor", *targets]:
+        out[f"{name} p50_ms"] = float(np.median([r[name] for r in per_round]))
+    for name in targets:
+        out[f"{name} above floor ms"] = float(np.median([r[name] - r["floor"] for r in per_round]))
+    return out
 
 
 def batch_frame(data: pd.DataFrame, n_series: int, length: int) -> pd.DataFrame:
@@ -244,10 +266,6 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     big = batch_frame(data, args.batch_series, served.context_length)
-    start = time.perf_counter()
-    served.predict(big)
-    in_process_batch_s = time.perf_counter() - start
-    print(f"in-process predict, {args.batch_series} series: {in_process_batch_s:.2f} s")
 
     env = {
         **os.environ,
@@ -329,6 +347,17 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
         mlflow.stop()
+        paired = paired_overhead(
+            served,
+            history,
+            ours_port,
+            {name: targets[name] for name in ("ours /v1/forecast", "ours /invocations")},
+        )
+        # The in-process rate right before the job, so both see the machine in the same state.
+        start = time.perf_counter()
+        served.predict(big)
+        in_process_batch_s = time.perf_counter() - start
+        print(f"in-process predict, {args.batch_series} series: {in_process_batch_s:.2f} s")
         batch = run_batch_job(ours_port, big)
     finally:
         ours.stop()
@@ -341,6 +370,14 @@ def main(argv: list[str] | None = None) -> int:
     batch["ratio"] = round(batch["series_per_s"] / batch["in_process_series_per_s"], 3)
 
     print_table(results, levels, floor, batch, served)
+    print(
+        "\nconcurrency 1, paired rounds (median p50): floor "
+        f"{paired['floor p50_ms']:.2f} ms; "
+        + "; ".join(
+            f"{name} {paired[f'{name} p50_ms']:.2f} ms (+{paired[f'{name} above floor ms']:.2f})"
+            for name in ("ours /v1/forecast", "ours /invocations")
+        )
+    )
     out = {
         "machine": {
             "cpus": os.cpu_count(),
@@ -357,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         "duration_s": args.duration,
         "in_process_floor_ms": floor,
         "load": results,
+        "concurrency_1_paired": paired,
         "batch_job": batch,
     }
     path = Path(args.json)

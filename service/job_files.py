@@ -132,6 +132,10 @@ def _normalise(batch: pa.RecordBatch, numeric: list[str]) -> pa.RecordBatch:
             col = col.cast(pa.string())
         elif name in numeric and (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
             col = col.cast(pa.float64())
+        elif name in numeric and pa.types.is_string(col.type):
+            # CSV values are read as text; a batch whose every value is a number is numeric.
+            with contextlib.suppress(pa.ArrowInvalid):
+                col = col.cast(pa.float64())
         elif pa.types.is_dictionary(col.type):
             col = col.cast(col.type.value_type)
         arrays.append(col)
@@ -148,7 +152,9 @@ def iter_input(path: Path, fmt: str, columns: list[str]) -> Iterator[pa.RecordBa
             for batch in pf.iter_batches(batch_size=65_536, columns=columns):
                 yield _normalise(batch, numeric)
         else:
-            types = {"unique_id": pa.string(), "ds": pa.string()}
+            # Every column as text: Arrow would fix a column's type from the first block and
+            # fail the whole file on text further down, where the core names its one series.
+            types = {name: pa.string() for name in columns}
             reader = pacsv.open_csv(
                 path,
                 read_options=pacsv.ReadOptions(block_size=8 << 20),

@@ -151,6 +151,29 @@ def test_bad_series_are_left_out_and_listed_the_others_forecast(client, history,
     assert "'abc'" in errors["detail"].iloc[1]
 
 
+def test_text_far_into_a_large_csv_fails_only_its_series(client, history):
+    """CSV blocks are 8 MB: text in a value past the first block is one series' error too."""
+    copies = []
+    for k in range(700):  # ~10 MB of CSV
+        part = history.copy()
+        part["unique_id"] = part["unique_id"] + f"-{k:03d}"
+        copies.append(part)
+    many = pd.concat(copies, ignore_index=True)
+    many["y"] = many["y"].astype(object)
+    last = many.index[many["unique_id"] == "series_003-699"]
+    many.loc[last[10], "y"] = "abc"
+    body = many.to_csv(index=False).encode()
+    assert len(body) > 9 << 20
+    response = client.post("/v1/batch-jobs", content=body, headers={"content-type": "text/csv"})
+    assert response.status_code == 202, response.text
+    done = wait_for_job(client, response.json()["id"])
+    assert done["status"] == "succeeded", done
+    assert (done["series_done"], done["series_failed"]) == (2799, 1)
+    errors = pd.read_csv(io.BytesIO(client.get(done["errors_url"]).content))
+    assert errors["unique_id"].tolist() == ["series_003-699"]
+    assert "'abc'" in errors["detail"].iloc[0]
+
+
 def test_a_job_whose_every_series_is_bad_fails_naming_the_first(client, history):
     bad = history.assign(y=np.nan)
     response = client.post(

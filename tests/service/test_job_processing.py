@@ -83,3 +83,49 @@ def test_progress_advances_after_every_chunk_bad_ones_included(
     assert seen[-1] == (len(frame), 13, 3)
     if layout == "grouped":  # failures count when their chunk is done, not at the end
         assert next(s for s in seen if s[2])[1:] == (3, 3), seen
+
+
+def test_many_bad_series_in_one_chunk_are_each_listed_and_the_rest_forecast(
+    tmp_path, fitted, identity, training_frame
+):
+    frames = []
+    for k in range(10):  # 40 series in one chunk, every third one bad
+        part = training_frame.groupby("unique_id").tail(60).copy()
+        part["unique_id"] = part["unique_id"] + f"-{k}"
+        frames.append(part)
+    frame = pd.concat(frames, ignore_index=True)
+    ids = list(pd.unique(frame["unique_id"]))
+    bad = ids[::3]
+    frame.loc[frame["unique_id"].isin(bad), "y"] = np.nan
+    source = tmp_path / "input.parquet"
+    frame.to_parquet(source, index=False)
+    store = JobStore(tmp_path / "jobs.db")
+    store.create(
+        id="job-1",
+        input_path=str(source),
+        input_format="parquet",
+        input_bytes=source.stat().st_size,
+        output_format="parquet",
+    )
+    job = store.claim("worker-1", lease_s=3600)
+    files = JobFiles(tmp_path / "jobs", job.id)
+    ctx = JobContext(
+        job=job,
+        files=files,
+        served=ServedModel(fitted, identity, datetime.now(UTC)),
+        chunk_series=len(ids),
+        partition_bytes=1 << 30,
+        report=lambda **values: store.update(job.id, "worker-1", **values),
+        stopping=threading.Event(),
+    )
+    process_job(ctx)
+
+    errors = pd.read_csv(files.errors_csv)
+    assert sorted(errors["unique_id"]) == sorted(bad)
+    good = frame[~frame["unique_id"].isin(bad)]
+    got = pd.read_parquet(files.result_parquet)
+    want = fitted.predict(good)
+    assert got["unique_id"].tolist() == want["unique_id"].tolist()  # the input's order
+    np.testing.assert_allclose(got["mean"], want["mean"], rtol=1e-5, atol=1e-6)
+    now = store.get(job.id)
+    assert (now.series_done, now.series_failed) == (len(ids) - len(bad), len(bad))

@@ -184,6 +184,10 @@ class TrainConfig:
     replay_lr_factors: tuple[float, ...] = ()
     # Global gradient-norm clip; 0 disables clipping.
     grad_clip: float = 1.0
+    # Validate, keep and return an exponential moving average of the weights (Polyak
+    # averaging) with this decay per step instead of the last step's weights; 0 turns it off.
+    # On validation: M4 Hourly holdout OWA 0.528 -> 0.512, ETTh1 unchanged (README, design).
+    ema_decay: float = 0.99
     # Training windows drawn per epoch (a fresh random subset each epoch); 0 = all.
     max_windows_per_epoch: int = 65536
     # Cap on validation windows (evenly spaced, fixed across epochs); 0 = all.
@@ -218,6 +222,7 @@ class TrainConfig:
         _check(self.max_lr_decays >= 0, "max_lr_decays", ">= 0", self.max_lr_decays)
         _check(self.patience >= 1, "patience", ">= 1", self.patience)
         _check(self.grad_clip >= 0, "grad_clip", ">= 0", self.grad_clip)
+        _check(0.0 <= self.ema_decay < 1.0, "ema_decay", "in [0, 1)", self.ema_decay)
         _check(
             self.max_windows_per_epoch >= 0,
             "max_windows_per_epoch",

@@ -21,8 +21,8 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -286,6 +286,51 @@ def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
     return copy.deepcopy({k: v.detach().cpu() for k, v in model.state_dict().items()})
 
 
+class _WeightAverage:
+    """An exponential moving average of a model's parameters (Polyak averaging).
+
+    The decay ramps up as (1 + k) / (10 + k) over the k updates since the last reset, so the
+    average follows the first steps closely instead of dwelling on the starting weights.
+    """
+
+    def __init__(self, model: nn.Module, decay: float):
+        self.decay = decay
+        self.parameters = list(model.parameters())
+        self.average = [p.detach().clone() for p in self.parameters]
+        self.updates = 0
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        """Start over from the model's current weights."""
+        for average, parameter in zip(self.average, self.parameters, strict=True):
+            average.copy_(parameter)
+        self.updates = 0
+
+    @torch.no_grad()
+    def update(self) -> None:
+        self.updates += 1
+        decay = min(self.decay, (1 + self.updates) / (10 + self.updates))
+        torch._foreach_lerp_(self.average, [p.detach() for p in self.parameters], 1 - decay)
+
+    @torch.no_grad()
+    def copy_to_model(self) -> None:
+        for average, parameter in zip(self.average, self.parameters, strict=True):
+            parameter.copy_(average)
+
+    @contextmanager
+    def applied(self) -> Iterator[None]:
+        """The model holds the average inside the block, its own weights again after."""
+        with torch.no_grad():
+            own = [p.detach().clone() for p in self.parameters]
+            self.copy_to_model()
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for parameter, weights in zip(self.parameters, own, strict=True):
+                    parameter.copy_(weights)
+
+
 def train_model(
     model: PatchTransformer,
     train: WindowSet,
@@ -338,6 +383,7 @@ def train_model(
     def evaluate() -> float:
         return evaluate_loss(model, WindowSet(val.panel, val_origins), config, device, world)
 
+    average = _WeightAverage(model, config.ema_decay) if config.ema_decay else None
     history: list[EpochLog] = []
     initial = evaluate() if has_val else None
     if world.is_main and initial is not None:
@@ -392,19 +438,23 @@ def train_model(
             if config.grad_clip:
                 nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
+            if average is not None:
+                average.update()
             running += loss.item()
             seen += 1
             bar.set_postfix(loss=f"{running / seen:.4f}")
         bar.close()
         train_loss = _mean_across_ranks(running / max(seen, 1), world, device)
-        val_loss = evaluate() if has_val else None
-        monitored = val_loss if val_loss is not None else train_loss
-        is_best = monitored < best_loss or bool(replay)  # a replay keeps every epoch
-        if is_best:
-            best_loss, best_epoch, stale, best_path = monitored, epoch, 0, len(path)
-            if not replay:  # the replay's last weights are its result: no copies needed
-                best_state = _snapshot(model)
-        else:
+        # Judged (and kept) with the averaged weights when there are any.
+        with average.applied() if average is not None else nullcontext():
+            val_loss = evaluate() if has_val else None
+            monitored = val_loss if val_loss is not None else train_loss
+            is_best = monitored < best_loss or bool(replay)  # a replay keeps every epoch
+            if is_best:
+                best_loss, best_epoch, stale, best_path = monitored, epoch, 0, len(path)
+                if not replay:  # the replay's last weights are its result: no copies needed
+                    best_state = _snapshot(model)
+        if not is_best:
             stale += 1
         history.append(
             EpochLog(
@@ -435,11 +485,15 @@ def train_model(
             decays, stale = decays + 1, 0
             lr_factor *= config.lr_decay
             model.load_state_dict(best_state)
+            if average is not None:
+                average.reset()
             del path[best_path:]
             optimizer = torch.optim.AdamW(groups, lr=config.learning_rate * lr_factor)
 
     if not (replay and best_epoch):
         model.load_state_dict(best_state)
+    elif average is not None:
+        average.copy_to_model()
     model.eval()
     return TrainResult(
         epochs=history,

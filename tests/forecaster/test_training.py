@@ -12,7 +12,10 @@ import torch
 from safetensors.torch import load_file
 
 from forecaster import EpochLog, Forecaster, ModelConfig, TrainConfig
-from forecaster.training import resolve_device
+from forecaster.forecaster import _hold_out_tail
+from forecaster.training import _WeightAverage, evaluate_loss, resolve_device
+from forecaster.validation import validate_long_frame
+from forecaster.windows import SeriesPanel
 from tests.forecaster.conftest import TINY_MODEL, TINY_TRAIN
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,3 +136,34 @@ def test_a_replay_retrains_along_the_kept_path(series):
     assert refit.train_result.kept_lr_factors == factors
     assert all(e.val_loss is None for e in refit.train_result.epochs)
     assert np.isfinite(refit.predict(series)["mean"]).all()
+
+
+def test_weight_average_follows_its_recursion_and_swaps_back():
+    layer = torch.nn.Linear(2, 1, bias=False)
+    average = _WeightAverage(layer, decay=0.5)
+    start = layer.weight.detach().clone()
+    steps = [torch.tensor([[1.0, 2.0]]), torch.tensor([[3.0, -1.0]]), torch.tensor([[0.0, 4.0]])]
+    expected = start.clone()
+    for k, weights in enumerate(steps, start=1):
+        with torch.no_grad():
+            layer.weight.copy_(weights)
+        average.update()
+        decay = min(0.5, (1 + k) / (10 + k))  # the ramp: 0.18, 0.25, 0.31, then 0.5
+        expected = decay * expected + (1 - decay) * weights
+    with average.applied():
+        torch.testing.assert_close(layer.weight.detach(), expected)
+    torch.testing.assert_close(layer.weight.detach(), steps[-1])  # its own weights again
+
+
+def test_the_weights_returned_are_the_ones_validation_judged(series):
+    """With weight averaging on (the default), best_val_loss is the returned model's loss."""
+    config = TrainConfig(**{**TINY_TRAIN, "max_epochs": 3, "patience": 3})
+    assert config.ema_decay > 0
+    model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
+    result = model.train_result
+    panel = SeriesPanel.from_validated(
+        validate_long_frame(series, freq=model.freq, allow_missing=True), model.model_config
+    )
+    _, val = _hold_out_tail(panel, model.model_config.prediction_length)
+    loss = evaluate_loss(model.model, val, config, model.device)
+    assert loss == pytest.approx(result.best_val_loss, rel=1e-6)

@@ -67,9 +67,12 @@ class ValidatedFrame:
 
     columns: dict[str, Any]
     freq: str  # pandas offset alias, e.g. "h", "D", "15min", "MS", "W-SUN"
-    n_series: int
     series_ids: list[str]  # one per series, in row order
     offsets: np.ndarray  # (n_series + 1,) first row of each series, then the row count
+
+    @property
+    def n_series(self) -> int:
+        return len(self.series_ids)
 
     @cached_property
     def frame(self) -> pd.DataFrame:
@@ -142,7 +145,6 @@ def validate_long_frame(
     return ValidatedFrame(
         columns=validated,
         freq=offset.freqstr,
-        n_series=len(uniques),
         series_ids=[str(u) for u in uniques],
         offsets=np.r_[0, np.cumsum(lengths)].astype(np.int64),
     )

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import pandas as pd
 
+from forecaster.columns import ID, TIME
 from forecaster.errors import SeriesNotContiguousError
-from forecaster.validation import ID, TIME
 
 
 def whole_series_chunks(

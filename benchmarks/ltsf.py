@@ -156,6 +156,9 @@ def run_one(
         # The validation objective (the configured loss, in series units) before and after.
         "initial_val_loss": result.initial_val_loss,
         "best_val_loss": result.best_val_loss,
+        # Per epoch: the training objective and the validation loss (the learning curve).
+        "train_losses": [round(e.train_loss, 5) for e in result.epochs],
+        "val_losses": [None if e.val_loss is None else round(e.val_loss, 5) for e in result.epochs],
         "linear_start_ridge": result.linear_start_ridge,
         "patch_length": forecaster.model_config.patch_length,
         "parameters": sum(p.numel() for p in forecaster.model.parameters()),

@@ -1,0 +1,47 @@
+"""The long-term forecasting benchmark: the split, every test window scored, learning curves."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from benchmarks import ltsf
+
+TINY = {
+    "model": {"d_model": 8, "n_heads": 2, "d_ff": 16, "n_encoder_layers": 1, "quantiles": ()},
+    "train": {"max_epochs": 2, "max_windows_per_epoch": 256, "batch_size": 64},
+}
+
+
+@pytest.fixture()
+def wide_csv(tmp_path):
+    """A date column then two variables, 1,000 hours (not ETT: split 70 / 10 / 20 %)."""
+    t = np.arange(1000)
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame(
+        {
+            "date": pd.date_range("2020-01-01", periods=1000, freq="h"),
+            "a": np.sin(2 * np.pi * t / 24) + rng.normal(0, 0.1, 1000),
+            "b": np.cos(2 * np.pi * t / 24) + rng.normal(0, 0.1, 1000),
+        }
+    )
+    path = tmp_path / "sensors.csv"
+    frame.to_csv(path, index=False)
+    return path
+
+
+def test_split_keeps_the_lookback_before_validation_and_test(wide_csv):
+    splits = ltsf.load_splits(wide_csv, lookback=48, horizon=24)
+    per_series = splits.val.groupby("unique_id").size()
+    assert (per_series == (800 - 700) + 48).all()  # [700 - L, 800): L history + validation
+    assert splits.n_test_windows == 1000 - 800 - 24 + 1
+
+
+def test_run_reports_the_learning_curve_and_scores_every_test_window(wide_csv):
+    result = ltsf.run_one(wide_csv, 24, 48, seed=0, device="cpu", overrides=TINY)
+    assert result["test_windows"] == 177
+    assert len(result["train_losses"]) == len(result["val_losses"]) == result["epochs"]
+    assert min(result["val_losses"] + [result["initial_val_loss"]]) == pytest.approx(
+        result["best_val_loss"], rel=1e-4
+    )

@@ -240,3 +240,44 @@ def test_intervals_cover_held_out_points(series):
     inside = (forecast["q0.1"] <= forecast["y"]) & (forecast["y"] <= forecast["q0.9"])
     assert (forecast["q0.9"] - forecast["q0.1"]).min() > 0
     assert 0.4 <= inside.mean() <= 1.0
+
+
+def _weekly_catalogue(n_series: int = 60, seed: int = 0) -> pd.DataFrame:
+    """Weekly series with a yearly season; every third one is only 16-40 weeks old."""
+    rng = np.random.default_rng(seed)
+    frames = []
+    for i in range(n_series):
+        n = int(rng.integers(16, 40)) if i % 3 == 0 else int(rng.integers(150, 260))
+        ds = pd.date_range(end="2026-06-07", periods=n, freq="W-SUN")
+        week = ds.isocalendar().week.to_numpy().astype(float)
+        level = rng.uniform(50, 500)
+        season = (
+            level * rng.uniform(0.1, 0.4) * np.sin(2 * np.pi * week / 52.18 + rng.uniform(0, 6))
+        )
+        noise = rng.normal(0, 0.03 * level, n)
+        frames.append(
+            pd.DataFrame({"unique_id": f"item_{i}", "ds": ds, "y": level + season + noise})
+        )
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_weekly_catalogue_with_new_items_is_forecast_and_beats_naive():
+    data = _weekly_catalogue()
+    horizon = 13
+    from_end = data.groupby("unique_id").cumcount(ascending=False)
+    history, future = data[from_end >= horizon], data[from_end < horizon]
+    config = ModelConfig(
+        **{**TINY_MODEL, "context_length": 104, "prediction_length": horizon, "patch_length": None}
+    )
+    model = Forecaster(config, TrainConfig(**{**TINY_TRAIN, "max_epochs": 5})).fit(history)
+    # A token is half of the 52-week year; most of the new items' context is padding.
+    assert model.model_config.patch_length == 26
+    forecast = model.predict(history)
+    assert forecast["unique_id"].nunique() == data["unique_id"].nunique()
+    assert np.isfinite(forecast["mean"].to_numpy()).all()
+    scored = forecast.merge(future, on=["unique_id", "ds"], validate="one_to_one")
+    assert len(scored) == len(future)  # every forecast lands on the weekly grid
+    naive = scored["unique_id"].map(history.groupby("unique_id")["y"].last())
+    model_mae = (scored["mean"] - scored["y"]).abs().mean()
+    naive_mae = (naive - scored["y"]).abs().mean()
+    assert model_mae < 0.8 * naive_mae

@@ -1,7 +1,7 @@
 """The patch Transformer encoder-decoder.
 
     past_values, past_observed_mask --InstanceScaler--> x (B, L), 0 where unobserved
-    x --linear start--> draft (B, H)
+    x --fill gaps--> --linear start--> draft (B, H)
     x, mask --left-pad to N * P, patch--> (B, N, 2P) --embed (+covariates, +position)--> Encoder
     draft --patch--> (B, M, P) --embed (+query, +covariates, +position)--> Decoder(causal self-attn,
         cross-attn to the encoder) --point head--> correction (B, H); mean = draft + correction
@@ -56,6 +56,19 @@ class NormalizedOutput:
         if self.quantiles is not None:
             quantiles = InstanceScaler.denormalize(self.quantiles, self.stats)
         return ModelOutput(InstanceScaler.denormalize(self.mean, self.stats), quantiles)
+
+
+def fill_gaps(x: torch.Tensor, observed: torch.Tensor) -> torch.Tensor:
+    """(B, L) -> (B, L): each unobserved step after a row's first observation takes the latest
+    observed value before it; the left padding before it stays as it is (0, the row's mean).
+
+    What the linear start reads. A lag that falls in a gap is best guessed by the value just
+    before the gap; a lag that falls before the series began has no such neighbour, and the
+    mean is the neutral guess for a seasonal series.
+    """
+    steps = torch.arange(x.shape[1], device=x.device).expand_as(x)
+    latest = torch.where(observed, steps, torch.full_like(steps, -1)).cummax(dim=1).values
+    return torch.where(latest >= 0, x.gather(1, latest.clamp(min=0)), x)
 
 
 class PatchTransformer(nn.Module):
@@ -141,7 +154,7 @@ class PatchTransformer(nn.Module):
         observed = past_observed_mask.to(dtype)
 
         if self.linear_start is not None:
-            draft = self.linear_start(x)  # (B, H)
+            draft = self.linear_start(fill_gaps(x, past_observed_mask))  # (B, H)
         else:
             draft = x.new_zeros(batch, c.prediction_length)
 

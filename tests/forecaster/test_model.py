@@ -6,7 +6,7 @@ import torch
 
 from forecaster import ModelConfig
 from forecaster.errors import InvalidConfigError
-from forecaster.model import PatchTransformer
+from forecaster.model import PatchTransformer, fill_gaps
 from forecaster.training import LINEAR_START_RIDGES, WindowSet, fit_linear_start
 from forecaster.windows import SeriesPanel, series_scales
 
@@ -107,6 +107,24 @@ def test_two_observed_points_give_a_finite_forecast(tiny_config):
     mask[1, -1] = True  # one point: scaled by its level
     output, _ = model(past, mask, past_cov, future_cov)
     assert torch.isfinite(output.denormalize().mean).all()
+
+
+def test_linear_start_reads_a_gap_as_the_value_before_it_and_padding_as_the_mean():
+    x = torch.tensor([[0.0, 0.0, 3.0, 0.0, 5.0, 0.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]])
+    observed = torch.tensor([[0, 0, 1, 0, 1, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    expected = torch.tensor([[0.0, 0.0, 3.0, 3.0, 5.0, 5.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]])
+    torch.testing.assert_close(fill_gaps(x, observed), expected)
+
+
+def test_the_draft_of_a_gappy_history_reads_the_filled_gap(tiny_config):
+    model = _model(tiny_config)
+    past, mask, _, _ = _inputs(tiny_config, batch=1)
+    mask[0, 20:24] = False
+    output, _ = model(past, mask)
+    x, _ = model.scaler(past, mask)
+    with torch.no_grad():
+        torch.testing.assert_close(output.draft, model.linear_start(fill_gaps(x, mask)))
+        assert not torch.allclose(output.draft, model.linear_start(x))
 
 
 def _panel(values: np.ndarray) -> SeriesPanel:

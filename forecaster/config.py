@@ -38,6 +38,13 @@ class ModelConfig:
     # overlap and the last context token ends at the forecast origin. None: the data's main
     # seasonal period (24 for hourly data, 7 for daily...; see `patch_length_for`), set by fit.
     patch_length: int | None = None
+    # Steps per seasonal cycle of the data (24 for hourly data, 52 for weekly...; see
+    # `forecaster.time_axis.season_length`). The linear start reads a missing step as the same
+    # step one cycle earlier, or as the last observed value when there is none: the guess that
+    # held up on validation for both scattered missing points and day-long outages. None: set
+    # by fit from the data's frequency (and read as 1, the last value, by a model saved
+    # before the field existed).
+    season_length: int | None = None
     # D: width of every token embedding.
     d_model: int = 64
     # Attention heads per layer; must divide d_model.
@@ -83,6 +90,12 @@ class ModelConfig:
             "patch_length",
             "None or >= 1",
             self.patch_length,
+        )
+        _check(
+            self.season_length is None or self.season_length >= 1,
+            "season_length",
+            "None or >= 1",
+            self.season_length,
         )
         _check(self.d_model >= 1, "d_model", ">= 1", self.d_model)
         _check(

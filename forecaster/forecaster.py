@@ -32,7 +32,13 @@ from forecaster.errors import (
 )
 from forecaster.model import PatchTransformer
 from forecaster.outputs import AttentionMaps, ForecastArrays, ModelOutput
-from forecaster.time_axis import patch_length_for, regular_range, shift, steps_after
+from forecaster.time_axis import (
+    patch_length_for,
+    regular_range,
+    season_length,
+    shift,
+    steps_after,
+)
 from forecaster.training import (
     EpochLog,
     TrainResult,
@@ -167,6 +173,10 @@ class Forecaster:
         if mc.patch_length is None:
             mc = self.model_config = dataclasses.replace(
                 mc, patch_length=patch_length_for(train.freq)
+            )
+        if mc.season_length is None:
+            mc = self.model_config = dataclasses.replace(
+                mc, season_length=season_length(train.freq)
             )
         panel = SeriesPanel.from_validated(train, mc)
         h = mc.prediction_length

@@ -272,6 +272,7 @@ def test_weekly_catalogue_with_new_items_is_forecast_and_beats_naive():
     model = Forecaster(config, TrainConfig(**{**TINY_TRAIN, "max_epochs": 5})).fit(history)
     # A token is half of the 52-week year; most of the new items' context is padding.
     assert model.model_config.patch_length == 26
+    assert model.model_config.season_length == 52  # what a gap is read from
     forecast = model.predict(history)
     assert forecast["unique_id"].nunique() == data["unique_id"].nunique()
     assert np.isfinite(forecast["mean"].to_numpy()).all()

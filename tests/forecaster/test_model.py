@@ -109,21 +109,26 @@ def test_two_observed_points_give_a_finite_forecast(tiny_config):
     assert torch.isfinite(output.denormalize().mean).all()
 
 
-def test_linear_start_reads_a_gap_as_the_value_before_it_and_padding_as_the_mean():
-    x = torch.tensor([[0.0, 0.0, 3.0, 0.0, 5.0, 0.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]])
-    observed = torch.tensor([[0, 0, 1, 0, 1, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
-    expected = torch.tensor([[0.0, 0.0, 3.0, 3.0, 5.0, 5.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]])
-    torch.testing.assert_close(fill_gaps(x, observed), expected)
+def test_a_gap_reads_as_the_value_one_season_earlier_else_the_last_value():
+    observed = torch.tensor([[0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0]], dtype=torch.bool)
+    x = torch.where(observed, torch.arange(12.0), torch.zeros(12))
+    # Season 4: step 6 copies step 2, steps 7 and 11 copy step 3; step 5 has no observed value
+    # one or more seasons back, so it takes the last value (4); the left padding stays 0.
+    seasonal = torch.tensor([[0.0, 0.0, 2.0, 3.0, 4.0, 4.0, 2.0, 3.0, 8.0, 9.0, 10.0, 3.0]])
+    torch.testing.assert_close(fill_gaps(x, observed, season=4), seasonal)
+    last_value = torch.tensor([[0.0, 0.0, 2.0, 3.0, 4.0, 4.0, 4.0, 4.0, 8.0, 9.0, 10.0, 10.0]])
+    torch.testing.assert_close(fill_gaps(x, observed, season=1), last_value)
 
 
 def test_the_draft_of_a_gappy_history_reads_the_filled_gap(tiny_config):
-    model = _model(tiny_config)
-    past, mask, _, _ = _inputs(tiny_config, batch=1)
+    config = ModelConfig(**{**tiny_config.__dict__, "season_length": 4})
+    model = _model(config)
+    past, mask, _, _ = _inputs(config, batch=1)
     mask[0, 20:24] = False
     output, _ = model(past, mask)
     x, _ = model.scaler(past, mask)
     with torch.no_grad():
-        torch.testing.assert_close(output.draft, model.linear_start(fill_gaps(x, mask)))
+        torch.testing.assert_close(output.draft, model.linear_start(fill_gaps(x, mask, 4)))
         assert not torch.allclose(output.draft, model.linear_start(x))
 
 
@@ -175,6 +180,7 @@ def test_linear_start_ridge_is_chosen_by_cross_validation(tiny_config):
     [
         ("n_heads", 3, "n_heads: expected a divisor of d_model=16, got 3"),
         ("patch_length", 0, "patch_length: expected None or >= 1, got 0"),
+        ("season_length", 0, "season_length: expected None or >= 1, got 0"),
         ("quantiles", (0.5, 1.5), "quantiles: expected distinct values strictly between 0 and 1"),
         ("loss", "rmse", "loss: expected mae or mse or huber, got 'rmse'"),
         ("horizon_dropout", 1.0, "horizon_dropout: expected in [0, 1), got 1.0"),

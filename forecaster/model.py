@@ -62,27 +62,23 @@ def fill_gaps(x: torch.Tensor, observed: torch.Tensor, season: int = 1) -> torch
     """(B, L) -> (B, L): what the linear start reads at unobserved steps.
 
     A step inside a gap takes the latest observed value at the same phase of the season (the
-    value one cycle earlier, or two...), else the latest observed value before it; the left
-    padding before a row's first observation stays as it is (0, the row's mean: a lag before
-    the series began has no neighbour to copy). With season 1 this is the last value.
+    value one cycle earlier, or two...), else the latest observed value before it (the same
+    rule with season 1); the left padding before a row's first observation stays as it is (0,
+    the row's mean: a lag before the series began has no neighbour to copy).
     On M4 Hourly holdout windows the seasonal guess beat the last value and the mean for
     scattered missing points and for day-long outages alike (README, design).
     """
     batch, length = x.shape
-    steps = torch.arange(length, device=x.device).expand_as(x)
-    latest = torch.where(observed, steps, torch.full_like(steps, -1)).cummax(dim=1).values
-    filled = torch.where(latest >= 0, x.gather(1, latest.clamp(min=0)), x)
-    if season <= 1:
-        return filled
     pad = (-length) % season
     # (B, L) -> (B, C, S): one row per cycle, aligned so the last cycle ends at step L - 1
     cycles = F.pad(x, (pad, 0)).reshape(batch, -1, season)
     seen = F.pad(observed, (pad, 0)).reshape(batch, -1, season)
     index = torch.arange(cycles.shape[1], device=x.device)[None, :, None].expand_as(cycles)
     same_phase = torch.where(seen, index, torch.full_like(index, -1)).cummax(dim=1).values
-    seasonal = cycles.gather(1, same_phase.clamp(min=0))
-    fallback = F.pad(filled, (pad, 0)).reshape(batch, -1, season)
-    return torch.where(same_phase >= 0, seasonal, fallback).reshape(batch, -1)[:, pad:]
+    fallback = fill_gaps(x, observed) if season > 1 else x
+    fallback = F.pad(fallback, (pad, 0)).reshape(batch, -1, season)
+    filled = torch.where(same_phase >= 0, cycles.gather(1, same_phase.clamp(min=0)), fallback)
+    return filled.reshape(batch, -1)[:, pad:]  # (B, C * S) -> (B, L)
 
 
 class PatchTransformer(nn.Module):
@@ -138,6 +134,12 @@ class PatchTransformer(nn.Module):
             x = torch.cat([x, x[:, -1:].expand(-1, pad, -1)], dim=1)  # (B, M * P, C)
         return x.reshape(x.shape[0], c.n_horizon_tokens, -1)  # (B, M, P * C)
 
+    def linear_start_input(self, x: torch.Tensor, observed: torch.Tensor) -> torch.Tensor:
+        """(B, L) normalised context -> (B, L) with its gaps filled, as the linear start reads
+        it in training, in its ridge fit and in prediction."""
+        # season_length is None only in a model saved before the field existed: last value.
+        return fill_gaps(x, observed, self.config.season_length or 1)
+
     # -- forward --------------------------------------------------------------------------
     def forward(
         self,
@@ -168,7 +170,7 @@ class PatchTransformer(nn.Module):
         observed = past_observed_mask.to(dtype)
 
         if self.linear_start is not None:
-            draft = self.linear_start(fill_gaps(x, past_observed_mask, c.season_length or 1))
+            draft = self.linear_start(self.linear_start_input(x, past_observed_mask))  # (B, H)
         else:
             draft = x.new_zeros(batch, c.prediction_length)
 

@@ -32,13 +32,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from forecaster.config import ModelConfig, TrainConfig
-from forecaster.model import (
-    NormalizedOutput,
-    PatchTransformer,
-    fill_gaps,
-    pinball_loss,
-    point_loss,
-)
+from forecaster.model import NormalizedOutput, PatchTransformer, pinball_loss, point_loss
 from forecaster.scaling import InstanceStats
 from forecaster.windows import SeriesPanel, WindowBatch, gather_windows
 
@@ -171,7 +165,7 @@ def fit_linear_start(model: PatchTransformer, train: WindowSet, device: torch.de
     origins = evenly_spaced(full if len(full) else train.origins, LINEAR_START_WINDOWS)
     batch = gather_windows(panel, origins, mc.context_length, mc.prediction_length).to(device)
     x, stats = model.scaler(batch.past_values, batch.past_observed_mask, torch.float64)
-    x = fill_gaps(x, batch.past_observed_mask, mc.season_length or 1)
+    x = model.linear_start_input(x, batch.past_observed_mask)
     target = _normalized_target(batch, stats).double()
     observed = batch.future_observed_mask
     target = torch.where(observed, target, torch.zeros_like(target))

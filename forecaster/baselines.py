@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
+import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
 from forecaster.data import ID, TARGET, quantile_column
@@ -20,6 +21,7 @@ from forecaster.errors import (
     InvalidConfigError,
     UnknownQuantileError,
 )
+from forecaster.model import fill_gaps
 from forecaster.time_axis import season_length as default_season_length
 from forecaster.validation import ValidatedFrame, future_grid, validate_long_frame
 
@@ -27,6 +29,8 @@ DEFAULT_QUANTILES = (0.1, 0.5, 0.9)
 # Residual quantiles kept after fitting LinearBaseline; requested levels are interpolated.
 _RESIDUAL_LEVELS = np.linspace(0.0, 1.0, 1001)
 _MAX_RESIDUAL_WINDOWS = 50_000
+# How far back (in seasons) seasonal naive looks for an observed value at a missing step's phase.
+_FILL_SEASONS = 10
 
 
 def _check_quantiles(quantiles: Sequence[float]) -> tuple[float, ...]:
@@ -39,10 +43,30 @@ def _check_quantiles(quantiles: Sequence[float]) -> tuple[float, ...]:
     return tuple(sorted(set(levels)))
 
 
-def _filled(frame: pd.DataFrame) -> np.ndarray:
-    """The target with each missing value replaced by the series' last (else next) observed one."""
-    y = frame[TARGET].groupby(frame[ID], sort=False)
-    return y.ffill().fillna(y.bfill()).to_numpy(np.float64)
+def _last_seasons_filled(
+    frame: pd.DataFrame, starts: np.ndarray, ends: np.ndarray, m: int
+) -> np.ndarray:
+    """(S, m): each series' last m steps, a missing step read as the model's linear start reads
+    it (`fill_gaps`: the same phase one season earlier, else the last observed value).
+
+    The rule looks back at most _FILL_SEASONS seasons; a step with no observation before it in
+    that reach takes the series' next observed value. Series shorter than m are right-aligned
+    (the columns before their start are not meaningful).
+    """
+    y = frame[TARGET].to_numpy(np.float64)
+    width = max(m, min(int((ends - starts).max()), _FILL_SEASONS * m))
+    index = ends[:, None] - width + np.arange(width)  # (S, W), right-aligned
+    inside = index >= starts[:, None]
+    values = y[np.maximum(index, 0)]
+    observed = inside & ~np.isnan(values)
+    filled = fill_gaps(
+        torch.from_numpy(np.where(observed, values, 0.0)), torch.from_numpy(observed), m
+    ).numpy()
+    reached = np.maximum.accumulate(observed, axis=1)
+    series = frame[TARGET].groupby(frame[ID], sort=False)
+    nearest = series.bfill().fillna(series.ffill()).to_numpy(np.float64)
+    next_observed = nearest[np.maximum(index, 0)]
+    return np.where(reached, filled, next_observed)[:, -m:]
 
 
 def _series_bounds(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -149,15 +173,16 @@ class SeasonalNaive:
         levels = self.quantiles if quantiles is None else _check_quantiles(quantiles)
 
         frame = validated.frame
-        y = _filled(frame)
         starts, ends = _series_bounds(frame)
+        last_season = _last_seasons_filled(frame, starts, ends, m)  # (S, m)
         steps = np.arange(horizon)
         # A series shorter than a season repeats what it has.
         back = np.minimum(m, ends - starts)[:, None]
-        mean = y[ends[:, None] - back + steps[None, :] % back]  # (S, H)
+        mean = np.take_along_axis(last_season, m - back + steps[None, :] % back, axis=1)  # (S, H)
 
         q_values = None
         if levels:
+            y = frame[TARGET].to_numpy(np.float64)  # NaN where missing: those pairs are skipped
             codes = np.repeat(np.arange(len(starts)), ends - starts)
             position = np.arange(len(y)) - starts[codes]
             seasonal = position >= m
@@ -167,9 +192,10 @@ class SeasonalNaive:
                 .groupby(codes[seasonal])
                 .quantile(list(levels))
                 .unstack()
-                .reindex(range(len(starts)), fill_value=0.0)
+                .reindex(range(len(starts)))
+                .fillna(0.0)
             )
-            spread = per_series.to_numpy(np.float64)  # (S, Q); 0 without a full season
+            spread = per_series.to_numpy(np.float64)  # (S, Q); 0 without an observed pair
             seasons_ahead = np.sqrt(steps // m + 1.0)  # (H,)
             q_values = mean[:, :, None] + spread[:, None, :] * seasons_ahead[None, :, None]
         return _output(validated, horizon, mean, levels, q_values)

@@ -62,11 +62,15 @@ def test_seasonal_naive_explicit_season_and_quantiles():
 
 
 def test_seasonal_naive_fills_gaps_and_short_series():
-    """Missing values take the last observed one; a series shorter than a season repeats."""
-    df = series({"a": np.tile([1.0, 2.0, 3.0], 5), "b": np.array([7.0, 8.0])}, freq="D")
-    df = df.drop(index=13)  # a's 14th point, 2.0, is missing
-    out = SeasonalNaive(season_length=3).fit(df).predict(df, horizon=3, quantiles=[])
-    assert out["mean"].tolist() == [1.0, 1.0, 3.0, 7.0, 8.0, 7.0]
+    """A missing value takes the same phase one season earlier (as the model's linear start
+    reads it), else the nearest observed value; a series shorter than a season repeats."""
+    a = np.tile([1.0, 2.0, 3.0], 5) + np.repeat(np.arange(5.0), 3) * 10  # 1 2 3 11 12 13 ...
+    b = np.array([np.nan, 5.0, np.nan, 7.0, 8.0, np.nan])  # phase 2 never seen before its gap
+    df = series({"a": a, "b": b, "c": np.array([7.0, 8.0])}, freq="D")
+    df = df.drop(index=[10, 13])  # a's 11th and 14th points (32.0 and 42.0) are missing
+    out = SeasonalNaive(season_length=3).fit(df).predict(df, horizon=3, quantiles=[0.5])
+    assert out["mean"].tolist() == [41.0, 22.0, 43.0, 7.0, 8.0, 8.0, 7.0, 8.0, 7.0]
+    assert np.isfinite(out["q0.5"]).all()
 
 
 def test_baselines_use_the_shared_validation():

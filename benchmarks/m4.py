@@ -18,6 +18,11 @@ points and one context plus one horizon, and 5 % of every history's points are m
 MASE keeps the scale of each series' full history. Ours is scored beside naive and seasonal
 naive (which repeat the last observed values); the peers are skipped (they refuse NaN).
 
+`--gap-patterns` scores each fitted model once more for each outage in `GAP_PATTERNS`, applied
+at forecast time to every history (5 % of points missing, the last day, one day a week back,
+the last three days), beside seasonal naive on the same damaged histories: what a live feed's
+outage costs a model trained on clean data.
+
 Peers run in the same command when the optional extra is installed (`pip install -e
 ".[peers]"`, best in its own virtual environment: statsforecast needs pandas < 3): NeuralForecast's
 NHITS and PatchTST with their documented defaults (input_size 7 * H, max_steps 1000,
@@ -117,6 +122,37 @@ def short_and_gappy(split: Split, context_length: int, seed: int = 0) -> Split:
     return Split(split.ids, history, split.truth, split.scales)
 
 
+def _missing_at_random(h: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    missing = rng.random(len(h)) < 0.05
+    missing[-1] = False
+    return np.where(missing, np.nan, h)
+
+
+def _missing_span(start: int, stop: int | None):
+    def damage(h: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        h = h.copy()
+        h[start:stop] = np.nan
+        return h
+
+    return damage
+
+
+# Outages a live feed has at forecast time, applied to every history of a gap-free split.
+GAP_PATTERNS = {
+    "5% of points missing at random": _missing_at_random,
+    "last day missing": _missing_span(-SEASON, None),
+    "one day a week back missing": _missing_span(-7 * SEASON, -6 * SEASON),
+    "last three days missing": _missing_span(-3 * SEASON, None),
+}
+
+
+def with_gaps(split: Split, pattern: str, seed: int = 0) -> Split:
+    """The split with `pattern` applied to every history (the scale of MASE unchanged)."""
+    rng = np.random.default_rng(seed)
+    history = [GAP_PATTERNS[pattern](h, rng) for h in split.history]
+    return Split(split.ids, history, split.truth, split.scales)
+
+
 def long_frame(split: Split) -> pd.DataFrame:
     return pd.DataFrame(
         {
@@ -204,7 +240,7 @@ def _seasonal_indices(x: np.ndarray) -> np.ndarray:
 # models
 
 
-def run_ours(split: Split, seed: int, overrides: dict) -> tuple[np.ndarray, dict]:
+def run_ours(split: Split, seed: int, overrides: dict) -> tuple[Forecaster, np.ndarray, dict]:
     model_config = ModelConfig(**{**overrides.get("model", {}), "prediction_length": HORIZON})
     train_config = TrainConfig(**{**overrides.get("train", {}), "seed": seed})
     forecaster = Forecaster(model_config, train_config)
@@ -212,18 +248,26 @@ def run_ours(split: Split, seed: int, overrides: dict) -> tuple[np.ndarray, dict
     started = time.perf_counter()
     forecaster.fit(frame)
     seconds = time.perf_counter() - started
-    forecast = forecasts_from_frame(split, forecaster.predict(frame), "mean")
+    forecast = predict_ours(forecaster, split)
     r = forecaster.train_result
-    return forecast, {
-        "train_seconds": round(seconds, 1),
-        "epochs": len(r.epochs),
-        "best_epoch": r.best_epoch,
-        "initial_val_loss": r.initial_val_loss,
-        "best_val_loss": r.best_val_loss,
-        "linear_start_ridge": r.linear_start_ridge,
-        "patch_length": forecaster.model_config.patch_length,
-        "parameters": sum(p.numel() for p in forecaster.model.parameters()),
-    }
+    return (
+        forecaster,
+        forecast,
+        {
+            "train_seconds": round(seconds, 1),
+            "epochs": len(r.epochs),
+            "best_epoch": r.best_epoch,
+            "initial_val_loss": r.initial_val_loss,
+            "best_val_loss": r.best_val_loss,
+            "linear_start_ridge": r.linear_start_ridge,
+            "patch_length": forecaster.model_config.patch_length,
+            "parameters": sum(p.numel() for p in forecaster.model.parameters()),
+        },
+    )
+
+
+def predict_ours(forecaster: Forecaster, split: Split) -> np.ndarray:
+    return forecasts_from_frame(split, forecaster.predict(long_frame(split)), "mean")
 
 
 PEERS = ("NHITS", "PatchTST", "MSTL")
@@ -299,6 +343,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="cut a third of the histories short and make 5%% of the points missing",
     )
+    parser.add_argument(
+        "--gap-patterns",
+        action="store_true",
+        help="also score each fitted model on histories with outages at forecast time",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     add_set_option(parser)
     args = parser.parse_args(argv)
@@ -321,8 +370,10 @@ def main(argv: list[str] | None = None) -> int:
         mode += ", a third of the histories cut short, 5% of points missing"
     rows: list[dict] = []
 
-    def add(name: str, forecast: np.ndarray, seconds: float | None, **extra) -> None:
-        rows.append({"model": name, **score(split, forecast), "seconds": seconds, **extra})
+    def add(
+        name: str, forecast: np.ndarray, seconds: float | None, scored: Split = split, **extra
+    ) -> None:
+        rows.append({"model": name, **score(scored, forecast), "seconds": seconds, **extra})
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
 
     if args.short_and_gappy:
@@ -331,8 +382,14 @@ def main(argv: list[str] | None = None) -> int:
         add("Naive2 (same split)", naive2(split), None)
     add("seasonal naive (same split)", seasonal_naive(split), None)
     for seed in [] if args.no_ours else args.seeds:
-        forecast, info = run_ours(split, seed, overrides)
+        forecaster, forecast, info = run_ours(split, seed, overrides)
         add(f"ours (seed {seed})", forecast, info["train_seconds"], seed=seed, **info)
+        for pattern in GAP_PATTERNS if args.gap_patterns else []:
+            damaged = with_gaps(split, pattern)
+            add(f"ours (seed {seed}), {pattern}", predict_ours(forecaster, damaged), None, damaged)
+    for pattern in GAP_PATTERNS if args.gap_patterns else []:
+        damaged = with_gaps(split, pattern)
+        add(f"seasonal naive, {pattern}", seasonal_naive(damaged), None, damaged)
     if not (args.no_peers or args.short_and_gappy):
         for name, forecast, seconds in run_peers(split, args.seeds[0], tuple(args.peers)):
             add(name, forecast, round(seconds, 1))

@@ -201,6 +201,14 @@ class TrainConfig:
     # averaging) with this decay per step instead of the last step's weights; 0 turns it off.
     # On validation: M4 Hourly holdout OWA 0.528 -> 0.512, ETTh1 unchanged (README, design).
     ema_decay: float = 0.99
+    # Training augmentation: each training window loses, with this probability, one span of
+    # 1 .. outage_seasons * season_length context steps (ending at the forecast origin in half
+    # the cases), so the model learns to forecast through the outages of a live feed. On
+    # validation: M4 Hourly holdout with the last day missing MASE 1.30 -> 1.12, complete
+    # histories unchanged (OWA 0.511); 0.1 did less on both (README, design). 0 turns it off.
+    outage_probability: float = 0.25
+    # Longest augmented outage, in seasons (see ModelConfig.season_length).
+    outage_seasons: int = 3
     # Training windows drawn per epoch (a fresh random subset each epoch); 0 = all.
     max_windows_per_epoch: int = 65536
     # Cap on validation windows (evenly spaced, fixed across epochs); 0 = all.
@@ -236,6 +244,13 @@ class TrainConfig:
         _check(self.patience >= 1, "patience", ">= 1", self.patience)
         _check(self.grad_clip >= 0, "grad_clip", ">= 0", self.grad_clip)
         _check(0.0 <= self.ema_decay < 1.0, "ema_decay", "in [0, 1)", self.ema_decay)
+        _check(
+            0.0 <= self.outage_probability <= 1.0,
+            "outage_probability",
+            "in [0, 1]",
+            self.outage_probability,
+        )
+        _check(self.outage_seasons >= 1, "outage_seasons", ">= 1", self.outage_seasons)
         _check(
             self.max_windows_per_epoch >= 0,
             "max_windows_per_epoch",

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from forecaster.config import ModelConfig, TrainConfig
 from forecaster.model import NormalizedOutput, PatchTransformer, pinball_loss, point_loss
 from forecaster.scaling import InstanceStats
-from forecaster.windows import SeriesPanel, WindowBatch, gather_windows
+from forecaster.windows import SeriesPanel, WindowBatch, gather_windows, with_outages
 
 logger = logging.getLogger(__name__)
 
@@ -380,6 +380,7 @@ def train_model(
     step_weights = horizon_weights(mc, device)
     autocast = bf16_autocast(device, config.bf16)
     rng = np.random.default_rng(config.seed)  # same on every rank: ranks shard one permutation
+    outage_span = config.outage_seasons * (mc.season_length or mc.patch)
 
     def evaluate() -> float:
         return evaluate_loss(model, WindowSet(val.panel, val_origins), config, device, world)
@@ -423,9 +424,10 @@ def train_model(
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate * group["lr_scale"]
             origins = shard[batch_index * config.batch_size : (batch_index + 1) * config.batch_size]
-            batch = gather_windows(
-                train.panel, origins, mc.context_length, mc.prediction_length
-            ).to(device)
+            batch = gather_windows(train.panel, origins, mc.context_length, mc.prediction_length)
+            if config.outage_probability:
+                batch = with_outages(batch, config.outage_probability, outage_span, rng)
+            batch = batch.to(device)
             with autocast:
                 output, _ = train_module(
                     batch.past_values,

@@ -10,6 +10,7 @@ whatever the number of windows.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -170,4 +171,33 @@ def gather_windows(
         past_covariates=past_cov,
         future_covariates=future_cov,
         loss_scale=torch.from_numpy(panel.loss_scale[series][:, None]),
+    )
+
+
+def with_outages(
+    batch: WindowBatch, probability: float, max_span: int, rng: np.random.Generator
+) -> WindowBatch:
+    """Training augmentation: each window loses, with `probability`, one span of 1 ..
+    `max_span` context steps (marked unobserved), ending at the forecast origin in half the
+    cases (the feed is down until now) and anywhere in the context otherwise.
+
+    A model trained only on complete windows never learns what a gap looks like; live feeds
+    have them. A window keeps at least two observed steps.
+    """
+    observed = batch.past_observed_mask
+    size, length = observed.shape
+    span = np.minimum(rng.integers(1, max_span + 1, size), length)
+    end = np.where(rng.random(size) < 0.5, length, rng.integers(span, length + 1))  # exclusive
+    steps = np.arange(length)
+    lost = (rng.random(size) < probability)[:, None] & (
+        (steps >= (end - span)[:, None]) & (steps < end[:, None])
+    )  # (B, L)
+    lost_t = torch.from_numpy(lost).to(observed.device)
+    kept = observed & ~lost_t
+    enough = kept.sum(dim=1, keepdim=True) >= 2
+    kept = torch.where(enough, kept, observed)
+    return dataclasses.replace(
+        batch,
+        past_values=torch.where(kept, batch.past_values, torch.zeros_like(batch.past_values)),
+        past_observed_mask=kept,
     )

@@ -31,6 +31,8 @@ _RESIDUAL_LEVELS = np.linspace(0.0, 1.0, 1001)
 _MAX_RESIDUAL_WINDOWS = 50_000
 # How far back (in seasons) seasonal naive looks for an observed value at a missing step's phase.
 _FILL_SEASONS = 10
+# Values per chunk of that look-back (bounds its memory whatever the number of series).
+_FILL_CHUNK_VALUES = 1 << 22
 
 
 def _check_quantiles(quantiles: Sequence[float]) -> tuple[float, ...]:
@@ -54,19 +56,26 @@ def _last_seasons_filled(
     (the columns before their start are not meaningful).
     """
     y = frame[TARGET].to_numpy(np.float64)
-    width = max(m, min(int((ends - starts).max()), _FILL_SEASONS * m))
-    index = ends[:, None] - width + np.arange(width)  # (S, W), right-aligned
-    inside = index >= starts[:, None]
-    values = y[np.maximum(index, 0)]
-    observed = inside & ~np.isnan(values)
-    filled = fill_gaps(
-        torch.from_numpy(np.where(observed, values, 0.0)), torch.from_numpy(observed), m
-    ).numpy()
-    reached = np.maximum.accumulate(observed, axis=1)
     series = frame[TARGET].groupby(frame[ID], sort=False)
     nearest = series.bfill().fillna(series.ffill()).to_numpy(np.float64)
-    next_observed = nearest[np.maximum(index, 0)]
-    return np.where(reached, filled, next_observed)[:, -m:]
+    width = max(m, min(int((ends - starts).max()), _FILL_SEASONS * m))
+    parts = []
+    # In chunks of series: (S, W) at once would be 10 seasons of every series (GBs for
+    # 10,000 minute-level series, whose season is 1,440 steps).
+    rows = max(1, _FILL_CHUNK_VALUES // width)
+    for first in range(0, len(starts), rows):
+        chunk = slice(first, first + rows)
+        index = ends[chunk, None] - width + np.arange(width)  # (S', W), right-aligned
+        inside = index >= starts[chunk, None]
+        values = y[np.maximum(index, 0)]
+        observed = inside & ~np.isnan(values)
+        filled = fill_gaps(
+            torch.from_numpy(np.where(observed, values, 0.0)), torch.from_numpy(observed), m
+        ).numpy()
+        reached = np.maximum.accumulate(observed, axis=1)
+        next_observed = nearest[np.maximum(index, 0)]
+        parts.append(np.where(reached, filled, next_observed)[:, -m:])
+    return np.concatenate(parts)
 
 
 def _series_bounds(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from forecaster import baselines
 from forecaster.baselines import LinearBaseline, SeasonalNaive
 from forecaster.errors import (
     HorizonTooLongError,
@@ -127,3 +128,17 @@ def test_linear_baseline_horizon_and_quantile_choices():
         model.predict(df, horizon=11)
     with pytest.raises(SeriesTooShortError):
         model.predict(df.head(20))
+
+
+def test_seasonal_naive_reads_gaps_the_same_in_chunks_of_series(monkeypatch):
+    """The look-back for a gap's phase runs in chunks of series to bound memory; chunking must
+    not change a forecast."""
+    rng = np.random.default_rng(0)
+    df = series({f"s{i}": rng.normal(size=int(rng.integers(3, 120))) for i in range(40)})
+    df.loc[rng.random(len(df)) < 0.2, "y"] = np.nan
+    df = df[df.groupby("unique_id")["y"].transform("count") > 0]
+    whole = SeasonalNaive(season_length=24).fit(df).predict(df, horizon=30)
+    monkeypatch.setattr(baselines, "_FILL_CHUNK_VALUES", 100)
+    chunked = SeasonalNaive(season_length=24).fit(df).predict(df, horizon=30)
+    assert np.isfinite(whole["mean"]).all()
+    pd.testing.assert_frame_equal(whole, chunked)

@@ -381,15 +381,14 @@ def main(argv: list[str] | None = None) -> int:
     else:  # Naive2's decomposition needs complete histories of two seasons or more
         add("Naive2 (same split)", naive2(split), None)
     add("seasonal naive (same split)", seasonal_naive(split), None)
+    damaged = {p: with_gaps(split, p) for p in GAP_PATTERNS} if args.gap_patterns else {}
     for seed in [] if args.no_ours else args.seeds:
         forecaster, forecast, info = run_ours(split, seed, overrides)
         add(f"ours (seed {seed})", forecast, info["train_seconds"], seed=seed, **info)
-        for pattern in GAP_PATTERNS if args.gap_patterns else []:
-            damaged = with_gaps(split, pattern)
-            add(f"ours (seed {seed}), {pattern}", predict_ours(forecaster, damaged), None, damaged)
-    for pattern in GAP_PATTERNS if args.gap_patterns else []:
-        damaged = with_gaps(split, pattern)
-        add(f"seasonal naive, {pattern}", seasonal_naive(damaged), None, damaged)
+        for pattern, gappy in damaged.items():
+            add(f"ours (seed {seed}), {pattern}", predict_ours(forecaster, gappy), None, gappy)
+    for pattern, gappy in damaged.items():
+        add(f"seasonal naive, {pattern}", seasonal_naive(gappy), None, gappy)
     if not (args.no_peers or args.short_and_gappy):
         for name, forecast, seconds in run_peers(split, args.seeds[0], tuple(args.peers)):
             add(name, forecast, round(seconds, 1))

@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 # Windows used for the closed-form linear start (evenly spaced over the training windows).
 LINEAR_START_WINDOWS = 50_000
 # Ridge strengths tried for the linear start, as multiples of the number of windows.
-LINEAR_START_RIDGES = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
+LINEAR_START_RIDGES = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 0.3, 1.0, 3.0, 10.0)
 # Blocked cross-validation folds (consecutive stretches of each series' windows).
 LINEAR_START_FOLDS = 5
 
@@ -153,8 +153,10 @@ def fit_linear_start(model: PatchTransformer, train: WindowSet, device: torch.de
 
     The ridge strength is the one of LINEAR_START_RIDGES with the lowest error under blocked
     cross-validation: each series' windows are cut into LINEAR_START_FOLDS consecutive
-    stretches, and each stretch is predicted by the fit on the others. Windows with a full
-    context are used when there are any. Returns the ridge chosen.
+    stretches, and each stretch is predicted by the fit on the others. The error is the one
+    validation reads (the configured point loss in each series' units), so the ridge and the
+    epochs are judged alike. Windows with a full context are used when there are any.
+    Returns the ridge chosen.
     """
     mc = model.config
     assert model.linear_start is not None, "config.linear_start is off"
@@ -168,7 +170,7 @@ def fit_linear_start(model: PatchTransformer, train: WindowSet, device: torch.de
     x = model.linear_start_input(x, batch.past_observed_mask)
     target = _normalized_target(batch, stats).double()
     observed = batch.future_observed_mask
-    target = torch.where(observed, target, torch.zeros_like(target))
+    unit = (stats.scale / batch.loss_scale).double()  # (W, 1): normalised -> series units
     design = torch.cat([x, torch.ones_like(x[:, :1])], dim=1)  # (W, L + 1)
 
     fold = _blocked_folds(panel.series_of(origins), LINEAR_START_FOLDS)
@@ -179,14 +181,16 @@ def fit_linear_start(model: PatchTransformer, train: WindowSet, device: torch.de
         rows = torch.from_numpy(fold == k).to(device)
         if rows.any() and not rows.all():
             d = design[rows]
-            parts.append((d, target[rows], observed[rows], d.T @ d, d.T @ target[rows]))
+            parts.append(
+                (d, target[rows], observed[rows].double(), unit[rows], d.T @ d, d.T @ target[rows])
+            )
     best_error, ridge = math.inf, LINEAR_START_RIDGES[0]
     for candidate in LINEAR_START_RIDGES if parts else ():
         error = 0.0
-        for d, t, o, g, m in parts:
+        for d, t, o, u, g, m in parts:
             n = len(design) - len(d)
             solution = torch.linalg.solve(gram - g + candidate * n * eye, moment - m)
-            error += float((((d @ solution - t) ** 2) * o).sum())
+            error += float(point_loss((d @ solution - t) * u, o, mc.loss) * o.sum())
         if error < best_error:
             best_error, ridge = error, candidate
     solution = torch.linalg.solve(gram + ridge * len(design) * eye, moment)  # (L + 1, H)

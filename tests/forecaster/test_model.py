@@ -8,7 +8,7 @@ from forecaster import ModelConfig
 from forecaster.errors import InvalidConfigError
 from forecaster.model import PatchTransformer, fill_gaps
 from forecaster.training import LINEAR_START_RIDGES, WindowSet, fit_linear_start
-from forecaster.windows import SeriesPanel, series_scales
+from forecaster.windows import SeriesPanel, gather_windows, series_scales
 
 
 def _inputs(config: ModelConfig, batch: int = 3, seed: int = 0):
@@ -153,8 +153,6 @@ def test_linear_start_is_the_least_squares_fit(tiny_config):
     origins = panel.window_origins(h, min_context=tiny_config.context_length)
     model = PatchTransformer(tiny_config).eval()
     fit_linear_start(model, WindowSet(panel, origins), torch.device("cpu"))
-    from forecaster.windows import gather_windows
-
     batch = gather_windows(panel, origins, tiny_config.context_length, h)
     output, _ = model(batch.past_values, batch.past_observed_mask)
     last = batch.past_values[:, -1:]
@@ -173,6 +171,51 @@ def test_linear_start_ridge_is_chosen_by_cross_validation(tiny_config):
     origins = panel.window_origins(tiny_config.prediction_length)
     ridge = fit_linear_start(model, WindowSet(panel, origins), torch.device("cpu"))
     assert ridge == max(LINEAR_START_RIDGES)
+
+
+def _reference_ridge(config: ModelConfig, panel: SeriesPanel, origins: np.ndarray) -> float:
+    """The ridge of LINEAR_START_RIDGES with the lowest blocked 5-fold error, written out in
+    numpy: the configured point loss, counted in each series' units as validation counts it."""
+    model = PatchTransformer(config)
+    batch = gather_windows(panel, origins, config.context_length, config.prediction_length)
+    x, stats = model.scaler(batch.past_values, batch.past_observed_mask, torch.float64)
+    x = model.linear_start_input(x, batch.past_observed_mask).numpy()
+    design = np.c_[x, np.ones(len(x))]
+    target = ((batch.future_values - stats.loc) / stats.scale).numpy()
+    unit = (stats.scale / batch.loss_scale).numpy()
+    series = panel.series_of(origins)
+    fold = np.empty(len(origins), dtype=int)
+    for s in np.unique(series):
+        rows = np.flatnonzero(series == s)
+        fold[rows] = np.arange(len(rows)) * 5 // len(rows)
+    errors = []
+    for ridge in LINEAR_START_RIDGES:
+        error = 0.0
+        for k in range(5):
+            a, b = design[fold != k], target[fold != k]
+            weights = np.linalg.solve(a.T @ a + ridge * len(a) * np.eye(a.shape[1]), a.T @ b)
+            residual = (design[fold == k] @ weights - target[fold == k]) * unit[fold == k]
+            error += (np.abs(residual) if config.loss == "mae" else residual**2).sum()
+        errors.append(error)
+    return LINEAR_START_RIDGES[int(np.argmin(errors))]
+
+
+@pytest.mark.parametrize(("loss", "expected"), [("mae", 3.0), ("mse", 1.0)])
+def test_linear_start_ridge_is_judged_by_the_validation_loss(tiny_config, loss, expected):
+    """Heavy-tailed noise on series of different scales: the configured loss, in series units,
+    picks the ridge (MAE and MSE pick different ones here), as the numpy reference does."""
+    rng = np.random.default_rng(0)
+    steps = np.arange(160)
+    scale = rng.uniform(0.5, 20, size=(8, 1))
+    phase = rng.uniform(0, 6, size=(8, 1))
+    values = scale * (np.sin(2 * np.pi * steps / 8 + phase) + 0.7 * rng.standard_t(2, (8, 160)))
+    panel = _panel(values)
+    config = ModelConfig(**{**tiny_config.__dict__, "loss": loss})
+    origins = panel.window_origins(config.prediction_length, min_context=config.context_length)
+    ridge = fit_linear_start(
+        PatchTransformer(config), WindowSet(panel, origins), torch.device("cpu")
+    )
+    assert ridge == _reference_ridge(config, panel, origins) == expected
 
 
 @pytest.mark.parametrize(

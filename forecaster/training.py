@@ -161,10 +161,14 @@ def fit_linear_start(model: PatchTransformer, train: WindowSet, device: torch.de
     mc = model.config
     assert model.linear_start is not None, "config.linear_start is off"
     panel = train.panel
-    full = train.origins[
-        train.origins - panel.offsets[panel.series_of(train.origins)] >= mc.context_length
-    ]
-    origins = evenly_spaced(full if len(full) else train.origins, LINEAR_START_WINDOWS)
+    series = panel.series_of(train.origins)
+    full = train.origins - panel.offsets[series] >= mc.context_length
+    # Full-context windows, unless they come from a minority of the series: a map fitted on a
+    # few long series' windows does not carry over to the many short ones.
+    if 2 * len(np.unique(series[full])) >= len(np.unique(series)):
+        origins = evenly_spaced(train.origins[full], LINEAR_START_WINDOWS)
+    else:
+        origins = evenly_spaced(train.origins, LINEAR_START_WINDOWS)
     batch = gather_windows(panel, origins, mc.context_length, mc.prediction_length).to(device)
     x, stats = model.scaler(batch.past_values, batch.past_observed_mask, torch.float64)
     x = model.linear_start_input(x, batch.past_observed_mask)

@@ -110,13 +110,19 @@ def test_two_observed_points_give_a_finite_forecast(tiny_config):
 
 
 def test_a_gap_reads_as_the_value_one_season_earlier_else_the_last_value():
-    observed = torch.tensor([[0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0]], dtype=torch.bool)
+    observed = torch.tensor([[0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0], [0] * 12], dtype=torch.bool)
     x = torch.where(observed, torch.arange(12.0), torch.zeros(12))
     # Season 4: step 6 copies step 2, steps 7 and 11 copy step 3; step 5 has no observed value
-    # one or more seasons back, so it takes the last value (4); the left padding stays 0.
-    seasonal = torch.tensor([[0.0, 0.0, 2.0, 3.0, 4.0, 4.0, 2.0, 3.0, 8.0, 9.0, 10.0, 3.0]])
+    # one or more seasons back, so it takes the last value (4). Before the first observation
+    # the rule looks forward: step 0 copies step 4, step 1 step 9 (step 5 is missing too).
+    # A row with no observation stays as it is.
+    seasonal = torch.tensor(
+        [[4.0, 9.0, 2.0, 3.0, 4.0, 4.0, 2.0, 3.0, 8.0, 9.0, 10.0, 3.0], [0.0] * 12]
+    )
     torch.testing.assert_close(fill_gaps(x, observed, season=4), seasonal)
-    last_value = torch.tensor([[0.0, 0.0, 2.0, 3.0, 4.0, 4.0, 4.0, 4.0, 8.0, 9.0, 10.0, 10.0]])
+    last_value = torch.tensor(
+        [[2.0, 2.0, 2.0, 3.0, 4.0, 4.0, 4.0, 4.0, 8.0, 9.0, 10.0, 10.0], [0.0] * 12]
+    )
     torch.testing.assert_close(fill_gaps(x, observed, season=1), last_value)
 
 
@@ -171,6 +177,33 @@ def test_linear_start_ridge_is_chosen_by_cross_validation(tiny_config):
     origins = panel.window_origins(tiny_config.prediction_length)
     ridge = fit_linear_start(model, WindowSet(panel, origins), torch.device("cpu"))
     assert ridge == max(LINEAR_START_RIDGES)
+
+
+def test_linear_start_fits_the_short_series_when_most_series_are_short(tiny_config):
+    """Nine short sine waves and one long noise series: the only full-context windows are the
+    noise's, and a map fitted on them alone would not forecast the sines."""
+    rng = np.random.default_rng(0)
+    steps = np.arange(36)
+    series = [np.sin(2 * np.pi * steps / 8 + phase) + 3 for phase in rng.uniform(0, 6, 9)]
+    series.append(rng.normal(size=300))
+    offsets = np.cumsum([0] + [len(s) for s in series])
+    flat = np.concatenate(series)
+    panel = SeriesPanel(
+        values=flat,
+        covariates=np.zeros((flat.size, 0), np.float32),
+        series_ids=[str(i) for i in range(len(series))],
+        offsets=offsets,
+        loss_scale=series_scales(flat, offsets),
+    )
+    h = tiny_config.prediction_length
+    model = PatchTransformer(tiny_config).eval()
+    fit_linear_start(model, WindowSet(panel, panel.window_origins(h)), torch.device("cpu"))
+    last = offsets[1:10] - h  # the last window of each sine
+    batch = gather_windows(panel, last, tiny_config.context_length, h)
+    with torch.no_grad():
+        output, _ = model(batch.past_values, batch.past_observed_mask)
+    error = (output.denormalize().mean - batch.future_values).abs().mean()
+    assert error < 0.25  # amplitude 1; fitted on the noise series alone, the map is off by 0.59
 
 
 def _reference_ridge(config: ModelConfig, panel: SeriesPanel, origins: np.ndarray) -> float:

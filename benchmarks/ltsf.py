@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 from sklearn.preprocessing import StandardScaler
 
-from benchmarks.overrides import add_set_option, parse_overrides
+from benchmarks.overrides import add_set_option, overrides_of
 from forecaster import Forecaster, ModelConfig, TrainConfig
 from forecaster.data import wide_to_long
 
@@ -253,11 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.data.is_file():
         print(f"error: --data {args.data}: no such file", file=sys.stderr)
         return 2
-    try:
-        overrides = parse_overrides(args.set)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    overrides = overrides_of(args)
 
     variants = list(VARIANTS) if args.ablation else ["full"]
     results = []

@@ -48,7 +48,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from benchmarks.overrides import add_set_option, parse_overrides
+from benchmarks.overrides import add_set_option, overrides_of
 from forecaster import Forecaster, ModelConfig, TrainConfig
 from forecaster.baselines import SeasonalNaive
 from forecaster.metrics import mase_scale, smape
@@ -355,11 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         if path is not None and not path.is_file():
             print(f"error: {name} {path}: no such file", file=sys.stderr)
             return 2
-    try:
-        overrides = parse_overrides(args.set)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    overrides = overrides_of(args)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     split = make_split(args.data, args.test)

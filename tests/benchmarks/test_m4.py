@@ -86,5 +86,7 @@ def test_cli_refuses_a_missing_file(tmp_path, capsys):
 
 
 def test_bad_set_option_is_refused_with_its_text(wide_csv, capsys):
-    assert m4.main(["--data", str(wide_csv), "--set", "d_model=8"]) == 2
+    with pytest.raises(SystemExit) as exited:
+        m4.main(["--data", str(wide_csv), "--set", "d_model=8"])
+    assert exited.value.code == 2
     assert "--set d_model=8: expected model.FIELD=VALUE" in capsys.readouterr().err

@@ -49,13 +49,15 @@ def _last_seasons_filled(
     frame: pd.DataFrame, starts: np.ndarray, ends: np.ndarray, m: int
 ) -> np.ndarray:
     """(S, m): each series' last m steps, a missing step read as the model's linear start reads
-    it (`fill_gaps`: the same phase one season earlier, else the last observed value; before a
-    series' first observation, the earliest value at that phase, else the first value).
+    it (`fill_gaps`: the same phase one season earlier, else the last observed value).
 
-    The rule looks back at most _FILL_SEASONS seasons: a step with no observation before it in
-    that reach reads forward, as a step before the series' start does.
+    The rule looks back at most _FILL_SEASONS seasons; a step with no observation before it in
+    that reach takes the series' next observed value. Series shorter than m are right-aligned
+    (the columns before their start are not meaningful).
     """
     y = frame[TARGET].to_numpy(np.float64)
+    series = frame[TARGET].groupby(frame[ID], sort=False)
+    nearest = series.bfill().fillna(series.ffill()).to_numpy(np.float64)
     width = max(m, min(int((ends - starts).max()), _FILL_SEASONS * m))
     parts = []
     # In chunks of series: (S, W) at once would be 10 seasons of every series (GBs for
@@ -69,8 +71,10 @@ def _last_seasons_filled(
         observed = inside & ~np.isnan(values)
         filled = fill_gaps(
             torch.from_numpy(np.where(observed, values, 0.0)), torch.from_numpy(observed), m
-        )
-        parts.append(filled.numpy()[:, -m:])
+        ).numpy()
+        reached = np.maximum.accumulate(observed, axis=1)
+        next_observed = nearest[np.maximum(index, 0)]
+        parts.append(np.where(reached, filled, next_observed)[:, -m:])
     return np.concatenate(parts)
 
 

@@ -63,22 +63,11 @@ def fill_gaps(x: torch.Tensor, observed: torch.Tensor, season: int = 1) -> torch
 
     A step inside a gap takes the latest observed value at the same phase of the season (the
     value one cycle earlier, or two...), else the latest observed value before it (the same
-    rule with season 1). A step before a row's first observation (the left padding of a short
-    series) takes the same rule looking forward: the earliest observed value at its phase,
-    else the row's first observed value. A row with no observation stays as it is.
+    rule with season 1); the left padding before a row's first observation stays as it is (0,
+    the row's mean: a lag before the series began has no neighbour to copy).
     On M4 Hourly holdout windows the seasonal guess beat the last value and the mean for
-    scattered missing points and for day-long outages; for the left padding it beat the
-    window mean (README, design).
+    scattered missing points and for day-long outages alike (README, design).
     """
-    forward = _fill_forward(x, observed, season)
-    # Reversed in time, the steps before the first observation are a gap at the end.
-    backward = _fill_forward(x.flip(1), observed.flip(1), season).flip(1)
-    started = observed.cummax(dim=1).values  # (B, L): at or after the first observation
-    return torch.where(started, forward, backward)
-
-
-def _fill_forward(x: torch.Tensor, observed: torch.Tensor, season: int) -> torch.Tensor:
-    """fill_gaps looking back only; steps before the first observation stay as they are."""
     batch, length = x.shape
     pad = (-length) % season
     # (B, L) -> (B, C, S): one row per cycle, aligned so the last cycle ends at step L - 1
@@ -86,7 +75,7 @@ def _fill_forward(x: torch.Tensor, observed: torch.Tensor, season: int) -> torch
     seen = F.pad(observed, (pad, 0)).reshape(batch, -1, season)
     index = torch.arange(cycles.shape[1], device=x.device)[None, :, None].expand_as(cycles)
     same_phase = torch.where(seen, index, torch.full_like(index, -1)).cummax(dim=1).values
-    fallback = _fill_forward(x, observed, 1) if season > 1 else x
+    fallback = fill_gaps(x, observed) if season > 1 else x
     fallback = F.pad(fallback, (pad, 0)).reshape(batch, -1, season)
     filled = torch.where(same_phase >= 0, cycles.gather(1, same_phase.clamp(min=0)), fallback)
     return filled.reshape(batch, -1)[:, pad:]  # (B, C * S) -> (B, L)

@@ -110,19 +110,13 @@ def test_two_observed_points_give_a_finite_forecast(tiny_config):
 
 
 def test_a_gap_reads_as_the_value_one_season_earlier_else_the_last_value():
-    observed = torch.tensor([[0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0], [0] * 12], dtype=torch.bool)
+    observed = torch.tensor([[0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0]], dtype=torch.bool)
     x = torch.where(observed, torch.arange(12.0), torch.zeros(12))
     # Season 4: step 6 copies step 2, steps 7 and 11 copy step 3; step 5 has no observed value
-    # one or more seasons back, so it takes the last value (4). Before the first observation
-    # the rule looks forward: step 0 copies step 4, step 1 step 9 (step 5 is missing too).
-    # A row with no observation stays as it is.
-    seasonal = torch.tensor(
-        [[4.0, 9.0, 2.0, 3.0, 4.0, 4.0, 2.0, 3.0, 8.0, 9.0, 10.0, 3.0], [0.0] * 12]
-    )
+    # one or more seasons back, so it takes the last value (4); the left padding stays 0.
+    seasonal = torch.tensor([[0.0, 0.0, 2.0, 3.0, 4.0, 4.0, 2.0, 3.0, 8.0, 9.0, 10.0, 3.0]])
     torch.testing.assert_close(fill_gaps(x, observed, season=4), seasonal)
-    last_value = torch.tensor(
-        [[2.0, 2.0, 2.0, 3.0, 4.0, 4.0, 4.0, 4.0, 8.0, 9.0, 10.0, 10.0], [0.0] * 12]
-    )
+    last_value = torch.tensor([[0.0, 0.0, 2.0, 3.0, 4.0, 4.0, 4.0, 4.0, 8.0, 9.0, 10.0, 10.0]])
     torch.testing.assert_close(fill_gaps(x, observed, season=1), last_value)
 
 
@@ -203,7 +197,7 @@ def test_linear_start_fits_the_short_series_when_most_series_are_short(tiny_conf
     with torch.no_grad():
         output, _ = model(batch.past_values, batch.past_observed_mask)
     error = (output.denormalize().mean - batch.future_values).abs().mean()
-    assert error < 0.25  # amplitude 1; fitted on the noise series alone, the map is off by 0.59
+    assert error < 0.25  # amplitude 1; fitted on the noise series alone, the map is off by 0.58
 
 
 def _reference_ridge(config: ModelConfig, panel: SeriesPanel, origins: np.ndarray) -> float:

@@ -37,7 +37,7 @@ def make_catalogue(seed: int = 0) -> tuple[list[np.ndarray], pd.DataFrame]:
     lengths = np.clip(np.exp(rng.normal(np.log(29), 0.6, N_SERIES)).astype(int), 13, 300)
     series, frames = [], []
     for i, n in enumerate(lengths + HORIZON):
-        drift, damping, noise = (
+        drift, persistence, noise = (
             rng.normal(0.03, 0.04),
             rng.uniform(0.6, 1.0),
             rng.uniform(0.02, 0.12),
@@ -45,7 +45,9 @@ def make_catalogue(seed: int = 0) -> tuple[list[np.ndarray], pd.DataFrame]:
         growth = np.empty(n)
         growth[0] = drift
         for t in range(1, n):  # the yearly growth rate reverts towards the series' drift
-            growth[t] = damping * growth[t - 1] + (1 - damping) * drift + rng.normal(0, noise / 3)
+            growth[t] = (
+                persistence * growth[t - 1] + (1 - persistence) * drift + rng.normal(0, noise / 3)
+            )
         y = np.exp(np.log(rng.uniform(1e3, 1e4)) + np.cumsum(growth + rng.normal(0, noise, n)))
         series.append(y)
         ds = pd.date_range(end="2020-01-01", periods=n - HORIZON, freq="YS")

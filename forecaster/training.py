@@ -155,8 +155,8 @@ def fit_linear_start(model: PatchTransformer, train: WindowSet, device: torch.de
     cross-validation: each series' windows are cut into LINEAR_START_FOLDS consecutive
     stretches, and each stretch is predicted by the fit on the others. The error is the one
     validation reads (the configured point loss in each series' units), so the ridge and the
-    epochs are judged alike. Windows with a full context are used when there are any.
-    Returns the ridge chosen.
+    epochs are judged alike. It is fitted on the windows with a full context when at least
+    half of the series have one, else on every window. Returns the ridge chosen.
     """
     mc = model.config
     assert model.linear_start is not None, "config.linear_start is off"

@@ -7,6 +7,7 @@ import json
 import numpy as np
 
 from benchmarks import short_catalogue
+from forecaster import ModelConfig
 
 
 def test_catalogue_is_seeded_and_mostly_short():
@@ -15,7 +16,7 @@ def test_catalogue_is_seeded_and_mostly_short():
     assert all(np.array_equal(a, b) for a, b in zip(series, again, strict=True))
     lengths = history.groupby("unique_id").size()
     assert len(lengths) == short_catalogue.N_SERIES
-    assert lengths.min() >= 13 and (lengths < 336).mean() > 0.99
+    assert lengths.min() >= 13 and (lengths < ModelConfig().context_length).mean() > 0.99
 
 
 def test_tiny_run_beats_naive(tmp_path, capsys):

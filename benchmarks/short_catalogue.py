@@ -10,6 +10,10 @@ Each series' last 6 points (M4 Yearly's horizon) are held out and scored by sMAP
 (scaled by the in-sample naive MAE, seasonality 1), beside naive (the last value) and drift
 (the last value plus the average step of the history), the usual yearly baselines. It checks
 that short histories are read well; no default was chosen on it.
+
+Peers run in the same command when statsforecast is installed (`pip install -e ".[peers]"`,
+best in its own virtual environment: statsforecast needs pandas < 3): AutoETS, AutoARIMA and
+AutoTheta, the statistical models that do well on M4's Yearly group, each fitted per series.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -65,12 +71,36 @@ def score(series: list[np.ndarray], forecast: np.ndarray) -> dict[str, float]:
     }
 
 
+def run_peers(history: pd.DataFrame) -> Iterator[tuple[str, pd.DataFrame, float]]:
+    """statsforecast's AutoETS, AutoARIMA and AutoTheta, each as it finishes: (name, forecast
+    frame with the model's column, seconds); nothing when statsforecast is not installed."""
+    try:
+        from statsforecast import StatsForecast
+        from statsforecast.models import AutoARIMA, AutoETS, AutoTheta
+    except ImportError:
+        print("peers: statsforecast not installed (pip install -e '.[peers]')", file=sys.stderr)
+        return
+    for model in (AutoETS(season_length=1), AutoARIMA(season_length=1), AutoTheta(season_length=1)):
+        started = time.perf_counter()
+        predicted = StatsForecast(models=[model], freq="YS", n_jobs=1).forecast(
+            df=history, h=HORIZON
+        )
+        seconds = time.perf_counter() - started
+        yield model.alias, predicted, seconds
+
+
+def _by_series(forecast: pd.DataFrame, column: str, order: np.ndarray) -> np.ndarray:
+    """(S, H) forecasts in the catalogue's series order from a long forecast frame."""
+    return forecast.pivot(index="unique_id", columns="ds", values=column).loc[order].to_numpy()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seed", type=int, default=0, help="training seed")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--no-peers", action="store_true", help="skip the statsforecast peers")
     add_set_option(parser)
     args = parser.parse_args(argv)
     overrides = overrides_of(args)
@@ -91,13 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     forecaster.fit(history)
     forecast = forecaster.predict(history)
     seconds = time.perf_counter() - started
-    by_series = forecast.pivot(index="unique_id", columns="ds", values="mean")
     order = history["unique_id"].unique()
     result = forecaster.train_result
     rows.append(
         {
             "model": f"ours (seed {args.seed})",
-            **score(series, by_series.loc[order].to_numpy()),
+            **score(series, _by_series(forecast, "mean", order)),
             "seconds": round(seconds, 1),
             "epochs": len(result.epochs),
             "best_epoch": result.best_epoch,
@@ -108,9 +137,19 @@ def main(argv: list[str] | None = None) -> int:
             "patch_length": forecaster.model_config.patch_length,
         }
     )
-    print("| model | sMAPE | MASE |\n|---|---|---|")
+    for name, predicted, seconds in () if args.no_peers else run_peers(history):
+        forecast = _by_series(predicted, name, order)
+        rows.append(
+            {
+                "model": f"statsforecast {name}",
+                **score(series, forecast),
+                "seconds": round(seconds, 1),
+            }
+        )
+    print("| model | sMAPE | MASE | fit + predict s |\n|---|---|---|---|")
     for row in rows:
-        print(f"| {row['model']} | {row['smape']:.3f} | {row['mase']:.3f} |")
+        seconds = f"{row['seconds']:.0f}" if "seconds" in row else "-"
+        print(f"| {row['model']} | {row['smape']:.3f} | {row['mase']:.3f} | {seconds} |")
     if args.json:
         args.json.write_text(json.dumps({"overrides": overrides, "results": rows}, indent=1))
     return 0

@@ -22,7 +22,7 @@ def test_catalogue_is_seeded_and_mostly_short():
 def test_tiny_run_beats_naive(tmp_path, capsys):
     out = tmp_path / "catalogue.json"
     tiny = ["model.d_model=8", "model.n_heads=1", "model.d_ff=16", "train.max_epochs=1"]
-    argv = ["--json", str(out), "--set", "train.progress=false"]
+    argv = ["--json", str(out), "--no-peers", "--set", "train.progress=false"]
     for item in tiny:
         argv += ["--set", item]
     assert short_catalogue.main(argv) == 0

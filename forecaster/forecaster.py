@@ -407,12 +407,14 @@ class Forecaster:
 
     # -- persistence ----------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
-        """Write config.json and model.safetensors into directory `path`."""
+        """Write config.json, model.safetensors and reference.json into directory `path`.
+
+        Everything is computed before anything is written, and each file is written beside
+        its final name and then renamed over it: a failed save leaves no half-written file.
+        """
         model = self._require_model()
         path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-        save_file(state, path / WEIGHTS_FILE)
         training = None
         if self.train_result is not None:
             r = self.train_result
@@ -433,9 +435,19 @@ class Forecaster:
             "training": training,
             "torch_version": torch.__version__,
         }
-        (path / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
         reference = self._reference_forecast()
-        (path / REFERENCE_FILE).write_text(json.dumps({"mean": reference.tolist()}))
+        path.mkdir(parents=True, exist_ok=True)
+        writes = {
+            WEIGHTS_FILE: lambda target: save_file(state, target),
+            CONFIG_FILE: lambda target: target.write_text(json.dumps(meta, indent=2)),
+            REFERENCE_FILE: lambda target: target.write_text(
+                json.dumps({"mean": reference.tolist()})
+            ),
+        }
+        for name, write in writes.items():
+            partial = path / f".{name}.partial"
+            write(partial)
+            partial.replace(path / name)
         return path
 
     @classmethod
@@ -487,7 +499,8 @@ class Forecaster:
         """(2, H) mean forecast of two fixed synthetic histories (covariates 0)."""
         mc = self.model_config
         n = mc.context_length
-        ds = regular_range("2020-01-06", n, self.freq or "h")
+        freq = self.freq or "h"
+        ds = regular_range("2020-01-06", n, freq)
         t = np.arange(n, dtype=np.float64)
         history = {
             "unique_id": np.repeat(np.array(["reference-a", "reference-b"], dtype=object), n),
@@ -497,7 +510,7 @@ class Forecaster:
         }
         future = None
         if mc.covariates:
-            future_ds = steps_after(ds[-1:], self.freq or "h", mc.prediction_length)[0]
+            future_ds = steps_after(ds[-1:], freq, mc.prediction_length)[0]
             future = {
                 "unique_id": np.repeat(
                     np.array(["reference-a", "reference-b"], dtype=object), mc.prediction_length

@@ -167,9 +167,23 @@ def _to_nanoseconds(coarse: np.ndarray, values: Sequence[object]) -> np.ndarray:
     return coarse.astype("datetime64[ns]")
 
 
-def regular_range(start: datetime | str | pd.Timestamp, periods: int, freq: str) -> np.ndarray:
-    """``periods`` timestamps from ``start`` on ``freq``, as ``datetime64[ns]``."""
-    first = parse_timestamps(pd.Series([start]))
+def regular_range(
+    start: datetime | str | pd.Timestamp, periods: int, freq: str, roll_forward: bool = True
+) -> np.ndarray:
+    """``periods`` timestamps on ``freq`` from ``start``, as ``datetime64[ns]``.
+
+    A start off an anchored grid (a Monday for "W-SUN", mid-month for "ME") is rolled forward
+    onto it, as ``pd.date_range`` does, or with ``roll_forward=False`` is an
+    `InvalidTimestampsError` (a user's start that means a point in time).
+    """
+    given = parse_timestamps(pd.Series([start]))
+    first = np.array([parse_freq(freq).rollforward(pd.Timestamp(given[0]))], dtype=_NS)
+    if not roll_forward and first[0] != given[0]:
+        raise InvalidTimestampsError(
+            f"start {pd.Timestamp(given[0])} is not on the {freq!r} grid; the next step on it "
+            f"is {pd.Timestamp(first[0])}",
+            field="start",
+        )
     return (
         np.concatenate([first, shift(first, freq, np.arange(1, periods))])
         if periods > 1

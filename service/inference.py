@@ -179,7 +179,7 @@ def request_frames(
             if s.timestamps is not None:
                 ds = parse_datetimes(s.timestamps)
             else:
-                ds = regular_range(s.start, n, s.freq)
+                ds = regular_range(s.start, n, s.freq, roll_forward=False)
         except ForecasterInputError as exc:
             field = "timestamps"
             if s.timestamps is None:

@@ -93,6 +93,32 @@ def test_save_load_predicts_bit_identically(fitted, series, tmp_path):
     )
 
 
+@pytest.mark.parametrize("freq", ["W-SUN", "MS", "QE", "YS", "B"])
+def test_save_load_on_anchored_frequencies(freq, tmp_path):
+    """The reference history saved beside the weights lies on the data's grid."""
+    data = generate_synthetic(n_series=2, n_steps=40, freq=freq, seed=0)
+    config = ModelConfig(**{**TINY_MODEL, "context_length": 12, "prediction_length": 4})
+    model = Forecaster(config, TrainConfig(**{**TINY_TRAIN, "max_epochs": 1})).fit(data)
+    model.save(tmp_path / "model")
+    reloaded = Forecaster.load(tmp_path / "model")
+    pd.testing.assert_frame_equal(reloaded.predict(data), model.predict(data), check_exact=True)
+
+
+def test_failed_save_leaves_the_saved_model_intact(fitted, series, tmp_path, monkeypatch):
+    fitted.save(tmp_path / "model")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "model").iterdir()}
+    other = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**{**TINY_TRAIN, "seed": 1}))
+    other.fit(series)
+
+    def broken(self):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(Forecaster, "_reference_forecast", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        other.save(tmp_path / "model")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "model").iterdir()} == before
+
+
 def test_load_never_unpickles(fitted, tmp_path, monkeypatch):
     import pickle
 

@@ -100,6 +100,15 @@ def test_shifting_back_before_the_range_is_an_error():
         shift(np.array(["1677-09-25"], "datetime64[ns]"), "D", -10)
 
 
+@pytest.mark.parametrize("freq", ["W-SUN", "ME", "QS", "YE", "B", "h"])
+def test_regular_range_rolls_onto_anchored_grids_as_pandas_does(freq):
+    expected = pd.date_range("2024-01-03 00:00", periods=5, freq=freq).to_numpy()
+    np.testing.assert_array_equal(regular_range("2024-01-03", 5, freq), expected)
+    if expected[0] != np.datetime64("2024-01-03"):
+        with pytest.raises(InvalidTimestampsError, match=f"not on the '{freq}' grid"):
+            regular_range("2024-01-03", 5, freq, roll_forward=False)
+
+
 def test_regular_range_and_parse_timestamps_check_the_range():
     # An aware start is converted to UTC, as every timestamp is.
     got = regular_range("2024-01-01T00:00:00+01:00", 2, "h")

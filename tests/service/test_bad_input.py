@@ -39,6 +39,8 @@ def _break(payload, how):
         s = {"id": "series_002", "start": "2024-01-01", "freq": "fortnightly", "values": [1.0] * 60}
     elif how == "wrong_freq":
         s = {"id": "series_002", "start": "2024-01-01", "freq": "D", "values": s["values"]}
+    elif how == "off_grid_start":  # a Monday, for weekly data on Sundays
+        s = {"id": "series_002", "start": "2024-01-01", "freq": "W-SUN", "values": s["values"]}
     elif how == "both_timestamps_and_start":
         s["start"], s["freq"] = s["timestamps"][0], "h"
     elif how == "neither":
@@ -58,6 +60,7 @@ CASES = {
     "bad_timestamp": (422, "series[1].timestamps[2]"),
     "bad_freq": (422, "series[1].freq"),
     "wrong_freq": (422, "series[1].start"),
+    "off_grid_start": (422, "series[1].start"),
     "both_timestamps_and_start": (422, "series[1]"),
     "neither": (422, "series[1]"),
 }

@@ -600,6 +600,23 @@ def _fill_gaps(
                 )
             grids.append(grid.as_unit("ns").asi8)
         lengths = np.array([len(g) for g in grids], dtype=np.int64)
+        # The anchor check lets a time of day pass (a month end at noon is one); each row must
+        # also be a step of its series' grid, or it would land on another step's row.
+        positions = []
+        for g, s, e in zip(grids, starts, ends, strict=True):
+            p = np.searchsorted(g, ds_i8[s:e])
+            off = g[np.minimum(p, len(g) - 1)] != ds_i8[s:e]
+            if off.any():
+                sid = str(uniques[codes[s]])
+                raise IrregularTimestampsError(
+                    f"series {sid!r}: timestamp {pd.Timestamp(ds_i8[s + int(np.argmax(off))])} "
+                    f"is not on the {offset.freqstr!r} grid that starts at its first timestamp "
+                    f"{pd.Timestamp(ds_i8[s])} (a different time of day?)",
+                    series_id=sid,
+                    field=TIME,
+                )
+            positions.append(p)
+        position = np.concatenate(positions)
     counts = ends - starts
     if int(lengths.sum()) == len(codes):
         return ids, ds, values, lengths
@@ -615,10 +632,6 @@ def _fill_gaps(
             field=TIME,
         )
     new_starts = np.r_[0, np.cumsum(lengths)[:-1]]
-    if grids is not None:
-        position = np.concatenate(
-            [np.searchsorted(g, ds_i8[s:e]) for g, s, e in zip(grids, starts, ends, strict=True)]
-        )
     target_rows = np.repeat(new_starts, counts) + position
     total = int(lengths.sum())
     if grids is not None:

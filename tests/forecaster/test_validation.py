@@ -421,3 +421,20 @@ def test_columns_missing_or_of_different_lengths_are_named():
         validate_long_frame({**columns, "y": columns["y"][:-1]})
     with pytest.raises(EmptyDataError):
         validate_long_frame({k: v[:0] for k, v in columns.items()})
+
+
+@pytest.mark.parametrize("gap", [True, False])
+def test_calendar_step_at_another_time_of_day_is_an_error_not_a_shift(gap):
+    """A month end at noon is on the anchor but not on the series' grid (midnight month ends):
+    it must be named, not placed on a neighbouring step or another series' row."""
+    ds = pd.date_range("2020-01-31", periods=12, freq="ME")
+    if gap:
+        ds = ds.delete(5)
+    ds = ds[:-1].append(pd.DatetimeIndex([ds[-1] + pd.Timedelta(hours=12)]))
+    a = pd.DataFrame({"unique_id": "a", "ds": ds, "y": np.arange(len(ds), dtype=float)})
+    b = pd.DataFrame(
+        {"unique_id": "b", "ds": pd.date_range("2020-01-31", periods=12, freq="ME"), "y": 1.0}
+    )
+    for frame in (pd.concat([a, b]), pd.concat([b, a])):
+        with pytest.raises(IrregularTimestampsError, match=r"'a'.*2020-12-31 12:00:00.*'ME' grid"):
+            validate_long_frame(frame, allow_missing=True)

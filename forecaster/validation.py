@@ -631,6 +631,22 @@ def _fill_gaps(
             series_id=sid,
             field=TIME,
         )
+    # A series whose steps are all multiples of k > 1 grid steps follows a coarser frequency
+    # (2-hourly among hourly series): filling it would make it mostly missing, silently.
+    steps = np.diff(position)
+    steps[ends[:-1] - 1] = 0  # across series boundaries; gcd(0, n) = n
+    common = np.gcd.reduceat(np.r_[steps, 0], starts)
+    coarser = (common > 1) & (counts >= 3)
+    if coarser.any():
+        k = int(np.argmax(coarser))
+        sid = str(uniques[codes[starts[k]]])
+        raise FrequencyInferenceError(
+            f"series {sid!r}: its timestamps are {int(common[k])} steps of {offset.freqstr!r} "
+            f"apart or a multiple of that, never 1; expected frequency {offset.freqstr!r} "
+            "(mixed frequencies?)",
+            series_id=sid,
+            field=TIME,
+        )
     new_starts = np.r_[0, np.cumsum(lengths)[:-1]]
     target_rows = np.repeat(new_starts, counts) + position
     total = int(lengths.sum())

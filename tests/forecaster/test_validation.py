@@ -438,3 +438,20 @@ def test_calendar_step_at_another_time_of_day_is_an_error_not_a_shift(gap):
     for frame in (pd.concat([a, b]), pd.concat([b, a])):
         with pytest.raises(IrregularTimestampsError, match=r"'a'.*2020-12-31 12:00:00.*'ME' grid"):
             validate_long_frame(frame, allow_missing=True)
+
+
+def test_a_coarser_series_among_finer_ones_is_named_not_filled():
+    """A 2-hourly series beside an hourly one would be half missing once filled: an error."""
+    hourly = pd.DataFrame(
+        {"unique_id": "hourly", "ds": pd.date_range("2024-01-01", periods=48, freq="h"), "y": 1.0}
+    )
+    two_hourly = pd.DataFrame(
+        {"unique_id": "two", "ds": pd.date_range("2024-01-01", periods=24, freq="2h"), "y": 1.0}
+    )
+    with pytest.raises(FrequencyInferenceError, match=r"'two': .*2 steps of 'h'"):
+        validate_long_frame(pd.concat([hourly, two_hourly]), allow_missing=True)
+    with pytest.raises(FrequencyInferenceError, match=r"'two'"):
+        validate_long_frame(two_hourly, freq="h", allow_missing=True)
+    # Gaps of any length in a series that does take single steps are gaps.
+    gappy = hourly.drop(index=[3, 4, 10, 11, 12])
+    assert validate_long_frame(gappy, allow_missing=True).frame["y"].isna().sum() == 5

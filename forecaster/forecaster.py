@@ -192,6 +192,14 @@ class Forecaster:
             # Windows whose context is the given history and whose targets are the val points.
             history = np.minimum(mc.context_length, np.maximum(np.diff(val_panel.offsets) - h, 1))
             val = WindowSet(val_panel, val_panel.window_origins(h, min_context=history))
+            if len(val.origins) == 0:
+                longest = int(np.diff(val_panel.offsets).max())
+                raise SeriesTooShortError(
+                    f"val_df gives no validation window: expected a series with at least "
+                    f"prediction_length + 1 = {h + 1} points (history, then the validation "
+                    f"points, as forecaster.data.time_split makes them), the longest has {longest}",
+                    field="val_df",
+                )
             train_set = WindowSet(panel, panel.window_origins(h))
         else:
             train_set, val = _hold_out_tail(panel, h)

@@ -70,7 +70,7 @@ class PipelineSettings(BaseSettings):
     train: dict[str, Any] = Field(default_factory=dict)
 
     # -- splits and evaluation ---------------------------------------------------------------
-    # Points per series held out for early stopping; None means 2 horizons.
+    # Points per series held out for early stopping (at least one horizon); None: 2 horizons.
     val_length: int | None = Field(default=None, ge=1)
     # Rolling-origin backtest windows (one horizon each) at the end of every series; promotion
     # scores champion, challenger and seasonal naive on these same windows.
@@ -135,6 +135,11 @@ class PipelineSettings(BaseSettings):
         # Fail at startup, not after ingesting data, when an override is wrong.
         self.model_config_obj()
         self.train_config_obj()
+        if self.val_length is not None and self.val_length < self.horizon:
+            raise ValueError(
+                f"val_length: expected at least the horizon ({self.horizon}) so that validation "
+                f"has a window to judge epochs on, got {self.val_length}"
+            )
         return self
 
     # -- derived values -------------------------------------------------------------------

@@ -119,6 +119,15 @@ def test_failed_save_leaves_the_saved_model_intact(fitted, series, tmp_path, mon
     assert {p.name: p.read_bytes() for p in (tmp_path / "model").iterdir()} == before
 
 
+def test_a_val_df_without_a_window_is_named(series):
+    """Only the validation points, without the history before them: nothing to judge on."""
+    last = series.groupby("unique_id").tail(TINY_MODEL["prediction_length"])
+    model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN))
+    with pytest.raises(SeriesTooShortError, match="val_df gives no validation window") as error:
+        model.fit(series, val_df=last)
+    assert error.value.field == "val_df"
+
+
 def test_load_never_unpickles(fitted, tmp_path, monkeypatch):
     import pickle
 

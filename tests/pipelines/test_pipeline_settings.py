@@ -62,6 +62,7 @@ def test_precedence_cli_over_env_over_dotenv_over_yaml(tmp_path, monkeypatch):
         ({"promotion_metric": "r2"}, "promotion_metric"),
         ({"promotion_margin": 1.5}, "promotion_margin"),
         ({"backtest_windows": 0}, "backtest_windows"),
+        ({"val_length": 10, "model": {"prediction_length": 12}}, "val_length"),
     ],
 )
 def test_invalid_settings_fail_fast_naming_the_setting(overrides, named):

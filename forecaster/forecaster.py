@@ -23,6 +23,7 @@ import pandas as pd
 import torch
 from safetensors.torch import load_file, save_file
 
+from forecaster.columns import ID, TIME
 from forecaster.config import ModelConfig, TrainConfig, config_from_dict, config_to_dict
 from forecaster.errors import (
     HorizonTooLongError,
@@ -226,13 +227,14 @@ class Forecaster:
     ) -> pd.DataFrame:
         """Forecast the next `horizon` steps after the end of each series in `df`.
 
-        Returns a long frame `unique_id, ds, mean` plus one column per quantile (`q0.1`, ...).
+        Returns a long frame `unique_id, ds, mean` plus one column per quantile (`q0.1`, ...),
+        with the ids' dtype and the time zone of `df`, so it merges with the caller's data.
         One forward pass per `predict_batch_size` series, under `torch.inference_mode`.
         """
         horizon = self.check_horizon(horizon)
         levels = self.check_quantiles(quantiles)
         inputs = self.prepare(df, future_df, horizon)
-        return self.forecast(inputs).select(horizon, levels).to_frame()
+        return _in_callers_types(self.forecast(inputs).select(horizon, levels).to_frame(), df)
 
     def prepare(
         self,
@@ -598,6 +600,22 @@ class Forecaster:
             forecast = output.denormalize()
         quantiles = None if forecast.quantiles is None else forecast.quantiles.double().cpu()
         return ModelOutput(forecast.mean.double().cpu(), quantiles)
+
+
+def _in_callers_types(
+    forecast: pd.DataFrame, df: pd.DataFrame | Mapping[str, np.ndarray]
+) -> pd.DataFrame:
+    """The forecast with the ids and timestamps typed as in `df`: inside, ids are strings and
+    timestamps tz-naive UTC; a caller's integer ids or tz-aware `ds` come back as given."""
+    given_ids = pd.Series(df[ID])
+    if not (pd.api.types.is_string_dtype(given_ids) and not given_ids.hasnans):
+        unique = given_ids.drop_duplicates()
+        by_text = pd.Series(unique.to_numpy(), index=[str(u) for u in unique])
+        forecast[ID] = pd.array(by_text.loc[forecast[ID]].to_numpy(), dtype=given_ids.dtype)
+    zone = getattr(pd.Series(df[TIME]).dtype, "tz", None)
+    if zone is not None:
+        forecast[TIME] = forecast[TIME].dt.tz_localize("UTC").dt.tz_convert(zone)
+    return forecast
 
 
 def _frame(data: pd.DataFrame | Mapping[str, np.ndarray]) -> pd.DataFrame:

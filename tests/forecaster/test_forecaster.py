@@ -128,6 +128,21 @@ def test_a_val_df_without_a_window_is_named(series):
     assert error.value.field == "val_df"
 
 
+def test_forecast_keeps_the_callers_id_dtype_and_time_zone(fitted, series):
+    """Integer ids and tz-aware timestamps come back as given, so forecasts merge with actuals."""
+    codes = series["unique_id"].str.extract(r"(\d+)$", expand=False).astype("int64") + 10
+    given = series.assign(unique_id=codes, ds=series["ds"].dt.tz_localize("America/New_York"))
+    forecast = fitted.predict(given)
+    assert forecast["unique_id"].dtype == np.int64
+    assert str(forecast["ds"].dt.tz) == "America/New_York"
+    first = forecast.groupby("unique_id")["ds"].min()
+    last = given.groupby("unique_id")["ds"].max()
+    assert (first - last[first.index] == pd.Timedelta(hours=1)).all()
+    # The same numbers as for the naive UTC history with string ids.
+    utc = series.assign(ds=given["ds"].dt.tz_convert("UTC").dt.tz_localize(None))
+    np.testing.assert_array_equal(forecast["mean"], fitted.predict(utc)["mean"])
+
+
 def test_load_never_unpickles(fitted, tmp_path, monkeypatch):
     import pickle
 

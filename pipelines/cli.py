@@ -6,7 +6,7 @@ schedule.
 settings, an unknown model or alias, an unreachable tracking server, a held lock) end with
 one line on stderr naming the problem and a non-zero exit code, without a traceback:
 
-    2  bad input data or settings        3  unknown registered model, version or alias
+    2  bad input data or settings        3  unknown (or unloadable) model, version or alias
     4  tracking server unreachable       5  another run holds the pipeline lock
     1  anything else (with traceback)    130 interrupted
 """

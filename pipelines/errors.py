@@ -20,6 +20,11 @@ class ModelNotFoundError(ValueError):
         self.model_uri = model_uri
 
 
+class UnloadableModelError(ModelNotFoundError):
+    """A registered version exists but its artifacts cannot be loaded (corrupt, incomplete, or
+    saved by code that forecasts differently): for every use, it is not there."""
+
+
 class InvalidModelUriError(ValueError):
     """A model URI is not ``models:/NAME@alias`` or ``models:/NAME/VERSION``."""
 

@@ -253,7 +253,7 @@ def promote(
         try:
             champion_model = load_version(champion, tracking_uri=tracking_uri, device=device)
             horizon = min(horizon, champion_model.max_horizon)
-        except (ModelNotFoundError, ValueError, OSError) as exc:
+        except (ModelNotFoundError, OSError) as exc:  # deleted, unreadable or unloadable
             champion_problem = f"champion version {champion.version} cannot be loaded: {exc}"
 
     challenger_scores = window_scores(challenger_model, frame, horizon, metric, n_windows)

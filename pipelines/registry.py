@@ -20,7 +20,7 @@ import yaml
 from mlflow.exceptions import MlflowException
 
 from pipelines import tracking
-from pipelines.errors import InvalidModelUriError, ModelNotFoundError
+from pipelines.errors import InvalidModelUriError, ModelNotFoundError, UnloadableModelError
 
 if TYPE_CHECKING:
     from forecaster import Forecaster
@@ -202,12 +202,20 @@ def load_version(
     """Download ``ref``'s artifacts to a temporary directory and load them on ``device``.
 
     ``Forecaster.load`` reads every file into memory, so the directory is removed after.
+    Raises ``UnloadableModelError`` when the files are corrupt or were saved by other code.
     """
     from forecaster import Forecaster
 
     with tempfile.TemporaryDirectory(prefix="forecaster-") as tmp:
         path = download_forecaster(ref, Path(tmp) / "model", tracking_uri=tracking_uri)
-        return Forecaster.load(path, device=device)
+        try:
+            return Forecaster.load(path, device=device)
+        except Exception as exc:  # whatever is wrong with the files, the version is unusable
+            raise UnloadableModelError(
+                f"{ref.uri} (version {ref.version}): its artifacts cannot be loaded: "
+                f"{type(exc).__name__}: {exc}",
+                model_uri=ref.uri,
+            ) from exc
 
 
 def load_forecaster(

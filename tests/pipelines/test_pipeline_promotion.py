@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pandas as pd
 import pytest
 
@@ -115,3 +117,25 @@ def test_a_clearly_better_challenger_is_promoted_with_its_p_value(tmp_path, data
     assert int(tags["promotion.test_pairs"]) == 4 * 3  # every series in every window
     assert float(tags["promotion.challenger_score"]) < float(tags["promotion.champion_score"])
     assert _aliases(tmp_path)["champion"] == "2"
+
+
+def test_an_unloadable_champion_is_judged_absent_not_a_crash(store, data_csv, tmp_path, capsys):
+    """A champion whose weights are corrupt must not block every later retrain."""
+    client = client_for(store)
+    source = client.get_model_version_download_uri("forecaster", "1")
+    broken = tmp_path / "broken-model"
+    shutil.copytree(source.removeprefix("file://"), broken)
+    weights = next(broken.rglob("model.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:100])
+    version = client.create_model_version("forecaster", str(broken), run_id=None).version
+    client.set_registered_model_alias("forecaster", "champion", version)
+
+    cfg = config_file(store)
+    args = ["--config", str(cfg), "--data", str(data_csv)]
+    assert main(["train", *args]) == 0
+    assert main(["promote", *args]) == 0
+    challenger = _aliases(store)["challenger"]
+    tags = client.get_model_version("forecaster", challenger).tags
+    assert f"champion version {version} cannot be loaded" in tags["promotion.reason"]
+    assert tags["promotion.decision"] == "promoted", tags["promotion.reason"]
+    assert _aliases(store)["champion"] == challenger

@@ -128,6 +128,17 @@ def load_settings(args: argparse.Namespace):
     return PipelineSettings.load(getattr(args, "config", None), **overrides)
 
 
+def _positive_int(raw: str) -> int:
+    """argparse type of counts: a bad value exits with status 2 naming the option."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {raw!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
 def _common(parser: argparse.ArgumentParser, *, data: bool = True) -> None:
     parser.add_argument("--config", metavar="FILE", help="YAML settings file")
     parser.add_argument(
@@ -382,7 +393,7 @@ def register_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     _common(p)
     p.add_argument("--model", help="model URI (default: models:/NAME@champion)")
-    p.add_argument("--windows", type=int, help="backtest windows (default: setting)")
+    p.add_argument("--windows", type=_positive_int, help="backtest windows (default: setting)")
     p.add_argument("--device", help="cpu, cuda, ... (default: cuda when present)")
     p.set_defaults(handler=evaluate_command)
 
@@ -417,9 +428,9 @@ def register_commands(subparsers: argparse._SubParsersAction) -> None:
         metavar="PATH",
         help="CSV or Parquet forecasts (--engine spark: a directory of Parquet parts)",
     )
-    p.add_argument("--horizon", type=int, help="steps to forecast (default: the model's)")
+    p.add_argument("--horizon", type=_positive_int, help="steps to forecast (default: the model's)")
     p.add_argument("--quantiles", help="comma-separated, e.g. 0.1,0.9 (default: the model's)")
-    p.add_argument("--chunk-series", type=int, help="series per batch (default: setting)")
+    p.add_argument("--chunk-series", type=_positive_int, help="series per batch (default: setting)")
     p.add_argument("--device", help="cpu, cuda, ... (default: cuda when present)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
@@ -452,7 +463,7 @@ def register_commands(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("schedule", help="run retrain on a cron schedule")
     _common(p)
     p.add_argument("--cron", help="cron expression (default: the schedule setting, 0 3 * * *)")
-    p.add_argument("--max-runs", type=int, help="stop after this many runs")
+    p.add_argument("--max-runs", type=_positive_int, help="stop after this many runs")
     p.add_argument("--run-now", action="store_true", help="run once at start too")
     p.add_argument(
         "--on-degradation",

@@ -120,6 +120,18 @@ class PipelineSettings(BaseSettings):
             raise ValueError(f"expected a cron expression such as '0 3 * * *', got {value!r}")
         return value
 
+    @field_validator("model_name")
+    @classmethod
+    def _registrable_name(cls, value: str) -> str:
+        # MLflow refuses '/' and ':' only at registration, after training; '@' would make
+        # models:/NAME@alias ambiguous.
+        bad = [c for c in "/:@" if c in value]
+        if not value.strip() or value.strip() in (".", "..") or bad:
+            raise ValueError(
+                f"expected a registered model name without '/', ':' or '@', got {value!r}"
+            )
+        return value
+
     @field_validator("forecast_log", mode="before")
     @classmethod
     def _empty_is_off(cls, value: Any) -> Any:
@@ -177,12 +189,18 @@ class PipelineSettings(BaseSettings):
         """Settings from a YAML file, ``.env``, the environment and explicit overrides.
 
         Raises:
-            InvalidConfigError: the YAML file is missing, unreadable or has unknown keys, or
-                a value is invalid (the message names the setting).
+            InvalidConfigError: the YAML file is missing, unreadable or has unknown keys, an
+                override is not a setting, or a value is invalid (the message names it).
         """
         path = Path(config_file) if config_file else None
         if path is not None:
             _check_yaml(path, set(cls.model_fields))
+        unknown = sorted(set(overrides) - set(cls.model_fields))
+        if unknown:
+            raise InvalidConfigError(
+                f"unknown setting(s) {unknown}; expected some of {sorted(cls.model_fields)}",
+                field=unknown[0],
+            )
         token = _yaml_file.set(path)
         try:
             return cls(**{k: v for k, v in overrides.items() if v is not None})

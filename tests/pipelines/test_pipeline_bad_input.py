@@ -151,3 +151,27 @@ def test_missing_data_source_is_named(store, capsys):
     _, cfg = store
     assert main(["retrain", "--config", str(cfg)]) == 2
     assert "--data" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["evaluate", "--windows", "0"],
+        ["evaluate", "--windows", "-2"],
+        ["predict", "--output", "out.csv", "--chunk-series", "-1"],
+        ["predict", "--output", "out.csv", "--horizon", "zero"],
+        ["schedule", "--max-runs", "-1"],
+    ],
+)
+def test_counts_below_one_exit_2_naming_the_option(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert f"argument {argv[-2]}: expected an integer >= 1" in capsys.readouterr().err
+
+
+def test_an_unknown_top_level_set_key_is_named(store, tmp_path, capsys):
+    _, cfg = store
+    argv = ["retrain", "--config", str(cfg), "--data", _write(_good(), tmp_path / "d.csv")]
+    assert main([*argv, "--set", "promotion_margn=0.02"]) == 2
+    assert "promotion_margn" in capsys.readouterr().err

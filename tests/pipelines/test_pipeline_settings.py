@@ -63,6 +63,10 @@ def test_precedence_cli_over_env_over_dotenv_over_yaml(tmp_path, monkeypatch):
         ({"promotion_margin": 1.5}, "promotion_margin"),
         ({"backtest_windows": 0}, "backtest_windows"),
         ({"val_length": 10, "model": {"prediction_length": 12}}, "val_length"),
+        ({"promotion_margn": 0.02}, "promotion_margn"),
+        ({"model_name": "team/forecaster"}, "model_name"),
+        ({"model_name": "a:b"}, "model_name"),
+        ({"model_name": " "}, "model_name"),
     ],
 )
 def test_invalid_settings_fail_fast_naming_the_setting(overrides, named):

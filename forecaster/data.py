@@ -7,7 +7,8 @@ column (channel independence), `unique_id` being the column name.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,6 +118,22 @@ def load_frame(path: str | Path, *, time_column: str | None = None) -> pd.DataFr
     return wide_to_long(df, time_column=column)
 
 
+@contextmanager
+def reading(path: Path, field: str = "path") -> Iterator[None]:
+    """Turn a reader's failure on the file `path` (empty, corrupt, not gzip, not Parquet...)
+    into an input error naming the file and `field`."""
+    try:
+        yield
+    except ForecasterInputError:
+        raise
+    except pd.errors.EmptyDataError:
+        raise EmptyDataError(f"{path}: file is empty", field=field) from None
+    except Exception as exc:  # pandas, gzip and pyarrow each raise their own kinds
+        raise ForecasterInputError(
+            f"{path}: cannot read file: {type(exc).__name__}: {exc}", field=field
+        ) from None
+
+
 def _read(path: Path) -> pd.DataFrame:
     name = path.name.lower()
     if name.endswith(_CSV_SUFFIXES):
@@ -131,16 +148,8 @@ def _read(path: Path) -> pd.DataFrame:
         )
     if not path.is_file():
         raise ForecasterInputError(f"{path}: no such file", field="path")
-    try:
+    with reading(path):
         df = reader(path)
-    except pd.errors.EmptyDataError:
-        raise EmptyDataError(f"{path}: file is empty", field="path") from None
-    except (OSError, ValueError, pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise ForecasterInputError(f"{path}: cannot read file: {exc}", field="path") from None
-    except Exception as exc:  # pyarrow raises its own ArrowInvalid for corrupt Parquet
-        raise ForecasterInputError(
-            f"{path}: cannot read file: {type(exc).__name__}: {exc}", field="path"
-        ) from None
     if len(df) == 0:
         raise EmptyDataError(
             f"{path}: file has a header but no rows (columns {list(map(str, df.columns))})",

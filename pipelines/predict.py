@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from forecaster import Forecaster
-from forecaster.data import load_frame
+from forecaster.data import load_frame, reading
 from forecaster.errors import EmptyDataError, ForecasterInputError, MissingColumnsError
 from forecaster.outputs import ForecastArrays
 from forecaster.validation import ID, TARGET, TIME
@@ -80,12 +80,20 @@ def _kind(path: Path, role: str) -> str:
 
 
 def _columns(path: Path, kind: str) -> list[str]:
-    if kind == "parquet":
-        return list(pq.ParquetFile(path).schema_arrow.names)
-    try:
+    with reading(path, "input"):
+        if kind == "parquet":
+            return list(pq.ParquetFile(path).schema_arrow.names)
         return list(pd.read_csv(path, nrows=0).columns)
-    except pd.errors.EmptyDataError:
-        raise EmptyDataError(f"input {path}: file is empty", field="input") from None
+
+
+def _checked(path: Path, chunks: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """`chunks`, with a failure to read the rest of the file named as an input error."""
+    while True:
+        with reading(path, "input"):
+            chunk = next(chunks, None)
+        if chunk is None:
+            return
+        yield chunk
 
 
 def read_chunks(
@@ -94,7 +102,8 @@ def read_chunks(
     """Chunks of a long file's ``columns`` and the total row count when the format knows it."""
     kind = _kind(path, "input")
     if kind == "parquet":
-        file = pq.ParquetFile(path)
+        with reading(path, "input"):
+            file = pq.ParquetFile(path)
 
         def parquet_chunks() -> Iterator[pd.DataFrame]:
             for batch in file.iter_batches(batch_size=rows, columns=list(columns)):
@@ -102,9 +111,10 @@ def read_chunks(
                 frame[ID] = frame[ID].astype("str")  # as the CSV reader reads them
                 yield frame
 
-        return parquet_chunks(), file.metadata.num_rows
-    reader = pd.read_csv(path, usecols=list(columns), dtype={ID: "str"}, chunksize=rows)
-    return iter(reader), None
+        return _checked(path, parquet_chunks()), file.metadata.num_rows
+    with reading(path, "input"):
+        reader = pd.read_csv(path, usecols=list(columns), dtype={ID: "str"}, chunksize=rows)
+    return _checked(path, iter(reader)), None
 
 
 class _Writer:

@@ -125,3 +125,24 @@ def test_unforecastable_history_and_bad_params_are_named(model_dir, history, tmp
     err = capsys.readouterr().err
     assert "series 'series_" in err and "rows are not contiguous" in err
     assert not (tmp_path / "o.csv").exists()
+
+
+@pytest.mark.parametrize("name", ["garbage.parquet", "garbage.csv.gz"])
+def test_an_unreadable_input_file_exits_2_naming_it(model_dir, tmp_path, capsys, name):
+    (tmp_path / name).write_bytes(b"not a parquet file, nor gzip\n" * 10)
+    out = tmp_path / "o.csv"
+    args = ["predict", "--model", str(model_dir), "--output", str(out), "--no-progress"]
+    assert main([*args, "--input", str(tmp_path / name)]) == 2
+    assert f"{tmp_path / name}: cannot read file" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_file_corrupt_after_its_first_rows_exits_2(model_dir, history, tmp_path, capsys):
+    import gzip
+
+    whole = gzip.compress(history.to_csv(index=False).encode())
+    (tmp_path / "cut.csv.gz").write_bytes(whole[: len(whole) // 2])  # truncated download
+    args = ["predict", "--model", str(model_dir), "--output", str(tmp_path / "o.csv")]
+    assert main([*args, "--input", str(tmp_path / "cut.csv.gz"), "--no-progress"]) == 2
+    assert "cut.csv.gz: cannot read file" in capsys.readouterr().err
+    assert not (tmp_path / "o.csv").exists()

@@ -31,7 +31,9 @@ class JobFiles:
         self.parts = self.dir / "parts"
         self.result_parquet = self.dir / "result.parquet"
         self.result_csv = self.dir / "result.csv"
-        self.errors_csv = self.dir / "errors.csv"  # one row per series left out, and why
+        # One row per series left out, and why (and one for the rows without a unique_id).
+        self.errors_csv = self.dir / "errors.csv"
+        self.rows_without_id = self.dir / "rows_without_id.json"  # the first and how many
 
     def input_file(self, fmt: str) -> Path:
         return self.dir / f"input.{fmt}"
@@ -143,9 +145,16 @@ def _normalise(batch: pa.RecordBatch, numeric: list[str]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
-def iter_input(path: Path, fmt: str, columns: list[str]) -> Iterator[pa.RecordBatch]:
-    """Stream the input's needed columns as record batches of bounded size."""
-    numeric = [c for c in columns if c not in ("unique_id", "ds")]
+def iter_input(
+    path: Path, fmt: str, columns: list[str], values_as_numbers: bool = True
+) -> Iterator[pa.RecordBatch]:
+    """Stream the input's needed columns as record batches of bounded size.
+
+    A value column becomes float64 in each batch whose values are all numbers; with
+    `values_as_numbers` false it is left as read (a CSV's as text), so that every batch has
+    the same schema however the values change along the file.
+    """
+    numeric = [c for c in columns if c not in ("unique_id", "ds")] if values_as_numbers else []
     try:
         if fmt == "parquet":
             pf = pq.ParquetFile(path)

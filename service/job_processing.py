@@ -28,7 +28,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from forecaster.errors import ForecasterInputError, SeriesNotContiguousError
+from forecaster.errors import ForecasterInputError, MissingValuesError, SeriesNotContiguousError
 from forecaster.outputs import ForecastArrays
 from pipelines.predict import forecast_batch
 from pipelines.series_chunks import whole_series_chunks
@@ -101,6 +101,12 @@ def process_job(ctx: JobContext) -> None:
         model_run_id=ident.run_id,
     )
 
+    without_id = _RowsWithoutId(files.rows_without_id)
+
+    def read(values_as_numbers: bool = True) -> Iterator[pa.RecordBatch]:
+        batches = iter_input(input_path, job.input_format, columns, values_as_numbers)
+        return without_id.drop(batches)
+
     expansion = PARQUET_EXPANSION if job.input_format == "parquet" else 1
     n_parts = max(
         1, min(MAX_PARTITIONS, math.ceil(job.input_bytes * expansion / ctx.partition_bytes))
@@ -109,19 +115,23 @@ def process_job(ctx: JobContext) -> None:
     if n_parts == 1:
         # Small enough to hold at once: one part.
         def whole_input() -> pd.DataFrame:
-            return unify(list(iter_input(input_path, job.input_format, columns))).to_pandas()
+            return unify(list(read())).to_pandas()
 
-        n_done = _run_sources(ctx, iter([whole_input]), count_rows(input_path, job.input_format))
+        n_done = _run_sources(
+            ctx, iter([whole_input]), count_rows(input_path, job.input_format), without_id
+        )
     else:
         mode = mode_file.read_text() if mode_file.exists() else "stream"
         n_done = None
         if mode == "stream":
             # Rows grouped by series (as most files are): one streaming pass, chunk by chunk.
             try:
-                batches = iter_input(input_path, job.input_format, columns)
-                chunks = whole_series_chunks((b.to_pandas() for b in batches), ctx.chunk_series)
+                chunks = whole_series_chunks((b.to_pandas() for b in read()), ctx.chunk_series)
                 n_done = _run_sources(
-                    ctx, (lambda c=c: c for c in chunks), count_rows(input_path, job.input_format)
+                    ctx,
+                    (lambda c=c: c for c in chunks),
+                    count_rows(input_path, job.input_format),
+                    without_id,
                 )
             except SeriesNotContiguousError:
                 logger.info("job %s: rows are not grouped by series; partitioning", job.id)
@@ -129,9 +139,7 @@ def process_job(ctx: JobContext) -> None:
                 shutil.rmtree(files.parts, ignore_errors=True)
                 files.parts.mkdir(parents=True)
         if n_done is None:
-            rows_total = _partition(
-                input_path, job.input_format, columns, files.partitions, n_parts
-            )
+            rows_total = _partition(read, files.partitions, n_parts)
             n_done = _run_sources(
                 ctx,
                 (
@@ -139,8 +147,9 @@ def process_job(ctx: JobContext) -> None:
                     for p in range(n_parts)
                 ),
                 rows_total,
+                without_id,
             )
-    errors = collect_errors(files, n_done)
+    errors = [*without_id.errors(), *collect_errors(files, n_done)]
     if errors:
         write_errors(errors, files.errors_csv)
         done = [json.loads((files.parts / f"{p:05d}.json").read_text()) for p in range(n_done)]
@@ -161,9 +170,11 @@ def _run_sources(
     ctx: JobContext,
     sources: Iterator[Callable[[], pd.DataFrame]],
     rows_total: int | None,
+    without_id: _RowsWithoutId,
 ) -> int:
     """Forecast each source's rows into its own part; parts already written are kept (resume).
-    Returns the number of parts."""
+    The rows without an id, known once the sources are read, are counted as read and as one
+    series left out. Returns the number of parts."""
     files = ctx.files
     if rows_total is not None:
         ctx.report(rows_total=rows_total)
@@ -184,6 +195,10 @@ def _run_sources(
             json.dumps({"rows": in_part.rows, "series": in_part.series, "errors": errors})
         )
         done += in_part
+    left_out = without_id.counts()
+    if left_out.rows:
+        done += left_out
+        done.report(ctx)
     if rows_total is None or rows_total != done.rows:
         ctx.report(rows_total=done.rows)
     return count
@@ -208,18 +223,38 @@ class _Counts:
             raise JobStopped("job cancelled or taken over")
 
 
-def _partition(path: Path, fmt: str, columns: list[str], out_dir: Path, n_parts: int) -> int:
-    """Hash-partition the input by series id into `n_parts` Parquet files; returns rows."""
+def _partition(
+    read: Callable[[bool], Iterator[pa.RecordBatch]], out_dir: Path, n_parts: int
+) -> int:
+    """Hash-partition the input (`read(values_as_numbers)`) by series id into `n_parts` Parquet
+    files; returns rows."""
     done_marker = out_dir / "_DONE"
     if done_marker.exists():
         return int(done_marker.read_text())
+    try:
+        rows = _write_partitions(read(True), out_dir, n_parts)
+    except _ValuesChangeType:
+        # Values that are all numbers in the first block and hold text in a later one (a
+        # series with text, far into the file) cannot share the partitions' schema: read the
+        # values as text throughout, for the core to name that series. Only such files pay
+        # for the second pass.
+        rows = _write_partitions(read(False), out_dir, n_parts)
+    done_marker.write_text(str(rows))
+    return rows
+
+
+class _ValuesChangeType(Exception):
+    """A value column is numbers in the first block of the input and text in a later one."""
+
+
+def _write_partitions(batches: Iterator[pa.RecordBatch], out_dir: Path, n_parts: int) -> int:
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
     writers: dict[int, pq.ParquetWriter] = {}
     schema: pa.Schema | None = None
     rows = 0
     try:
-        for batch in iter_input(path, fmt, columns):
+        for batch in batches:
             if schema is None:
                 schema = batch.schema
             elif not batch.schema.equals(schema):
@@ -246,18 +281,63 @@ def _partition(path: Path, fmt: str, columns: list[str], out_dir: Path, n_parts:
         target = out_dir / f"{p:05d}.parquet"
         if not target.exists():
             pq.write_table(schema.empty_table(), target)
-    done_marker.write_text(str(rows))
     return rows
 
 
 def _cast_like(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """A later block's batch in the first one's schema (its numbers become text where the first
+    block held text), or `_ValuesChangeType` when its text cannot become numbers."""
     try:
         return batch.cast(schema)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-        raise InvalidInputError(
-            f"file: malformed CSV: a column changes type part-way through the file ({exc})",
-            field="file",
-        ) from None
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        raise _ValuesChangeType from None
+
+
+class _RowsWithoutId:
+    """The input's rows that have no `unique_id`: they belong to no series, so they are left
+    out, and reported as one error naming the first (its 0-based row, as `forecaster predict`
+    names it) and how many there are. A pass over the input that reads to its end records
+    them in `path`, so a resumed job that skips reading still reports them."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def drop(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        first: int | None = None
+        count = seen = 0
+        for batch in batches:
+            ids = batch.column("unique_id")
+            offset, seen = seen, seen + batch.num_rows
+            if ids.null_count:  # known without a scan: files with every id pay nothing
+                if first is None:
+                    first = offset + int(np.argmax(ids.is_null().to_numpy(zero_copy_only=False)))
+                count += ids.null_count
+                batch = batch.filter(ids.is_valid())
+            yield batch
+        if count:
+            self.path.write_text(json.dumps({"first_row": first, "rows": count}))
+
+    def _recorded(self) -> dict[str, int] | None:
+        return json.loads(self.path.read_text()) if self.path.exists() else None
+
+    def counts(self) -> _Counts:
+        recorded = self._recorded()
+        return _Counts(recorded["rows"], 0, 1) if recorded else _Counts()
+
+    def errors(self) -> list[dict[str, Any]]:
+        recorded = self._recorded()
+        if recorded is None:
+            return []
+        return [
+            input_error_payload(
+                MissingValuesError(
+                    f"unique_id is missing at row {recorded['first_row']} ({recorded['rows']} "
+                    "such row(s) in all); every row needs a series id, so these rows were "
+                    "left out",
+                    field="unique_id",
+                )
+            )
+        ]
 
 
 def _forecast_partition(

@@ -222,7 +222,8 @@ class BatchJobOut(BaseModel):
     rows_done: int
     series_done: int
     series_failed: int = Field(
-        description="Series left out of the result for bad input; reasons at errors_url."
+        description="Series left out of the result for bad input (the rows without a "
+        "unique_id count as one); reasons at errors_url."
     )
     model: ModelInfo | None
     attempts: int

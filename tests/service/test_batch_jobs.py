@@ -174,6 +174,78 @@ def test_text_far_into_a_large_csv_fails_only_its_series(client, history):
     assert "'abc'" in errors["detail"].iloc[0]
 
 
+def test_text_far_into_a_large_unsorted_csv_fails_only_its_series(make_client, history):
+    """Partitioned (rows not grouped by series), the blocks of values that are all numbers and
+    the later block holding text share the partitions all the same."""
+    client = make_client(batch_partition_bytes=1 << 20)
+    copies = []
+    for k in range(700):  # ~10 MB of CSV: several 8 MB blocks
+        part = history.copy()
+        part["unique_id"] = part["unique_id"] + f"-{k:03d}"
+        copies.append(part)
+    many = pd.concat(copies, ignore_index=True)
+    many["y"] = many["y"].astype(object)
+    last = many.index[many["unique_id"] == "series_003-699"]
+    many.loc[last[-5], "y"] = "abc"  # one of the last timestamps: in the file's last block
+    many = many.sort_values("ds", kind="stable")
+    body = many.to_csv(index=False).encode()
+    assert body.index(b",abc") > 9 << 20
+    response = client.post("/v1/batch-jobs", content=body, headers={"content-type": "text/csv"})
+    assert response.status_code == 202, response.text
+    done = wait_for_job(client, response.json()["id"])
+    assert done["status"] == "succeeded", done
+    assert (done["series_done"], done["series_failed"]) == (2799, 1)
+    assert done["rows_total"] == done["rows_done"] == len(many)
+    errors = pd.read_csv(io.BytesIO(client.get(done["errors_url"]).content))
+    assert errors["unique_id"].tolist() == ["series_003-699"]
+    assert "'abc'" in errors["detail"].iloc[0]
+
+
+@pytest.mark.parametrize("blank", ["a_series", "one_row"])
+@pytest.mark.parametrize(
+    ("layout", "partition_bytes"),
+    [
+        ("grouped", None),  # one part
+        ("grouped", 4096),  # streamed, chunk by chunk
+        ("interleaved", 4096),  # hash-partitioned
+    ],
+)
+def test_rows_without_an_id_are_listed_not_lost(
+    make_client, history, fitted, blank, layout, partition_bytes
+):
+    """Rows with a blank unique_id belong to no series: left out, and listed in the errors
+    with the first one's row in the file, as `forecaster predict` names it."""
+    client = make_client(**({"batch_partition_bytes": partition_bytes} if partition_bytes else {}))
+    frame = history.astype({"unique_id": object})
+    if blank == "a_series":
+        frame.loc[frame["unique_id"] == "series_001", "unique_id"] = None
+    else:
+        frame.loc[frame.index[frame["unique_id"] == "series_001"][7], "unique_id"] = None
+    if layout == "interleaved":
+        frame = frame.sort_values("ds", kind="stable")
+    frame = frame.reset_index(drop=True)
+    without_id = frame["unique_id"].isna()
+    first = int(np.flatnonzero(without_id)[0])
+    response = client.post(
+        "/v1/batch-jobs",
+        content=frame.to_csv(index=False).encode(),
+        headers={"content-type": "text/csv"},
+    )
+    assert response.status_code == 202, response.text
+    done = wait_for_job(client, response.json()["id"])
+    assert done["status"] == "succeeded", done
+    assert done["rows_total"] == done["rows_done"] == len(frame)
+    n_series = 3 if blank == "a_series" else 4
+    assert (done["series_done"], done["series_failed"]) == (n_series, 1)
+    errors = pd.read_csv(io.BytesIO(client.get(done["errors_url"]).content))
+    assert errors["unique_id"].isna().tolist() == [True]
+    assert errors["field"].tolist() == ["unique_id"]
+    detail = errors["detail"].iloc[0]
+    assert f"unique_id is missing at row {first} ({int(without_id.sum())} " in detail, detail
+    got = read_result(client.get(done["result_url"]))
+    assert_same_forecast(got, expected(fitted, frame[~without_id]))
+
+
 def test_a_job_whose_every_series_is_bad_fails_naming_the_first(client, history):
     bad = history.assign(y=np.nan)
     response = client.post(

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from service.job_files import JobFiles
-from service.job_processing import JobContext, process_job
+from service.job_processing import JobContext, JobStopped, process_job
 from service.job_store import JobStore
 from service.model_manager import ServedModel
 
@@ -129,3 +129,54 @@ def test_many_bad_series_in_one_chunk_are_each_listed_and_the_rest_forecast(
     np.testing.assert_allclose(got["mean"], want["mean"], rtol=1e-5, atol=1e-6)
     now = store.get(job.id)
     assert (now.series_done, now.series_failed) == (len(ids) - len(bad), len(bad))
+
+
+def test_rows_without_an_id_are_listed_by_a_job_resumed_past_reading(
+    tmp_path, fitted, identity, training_frame
+):
+    """The input is read once into partitions; the worker that resumes the job skips reading,
+    and still lists the rows that had no unique_id."""
+    frame = training_frame.groupby("unique_id").tail(60).astype({"unique_id": object})
+    frame = frame.sort_values("ds", kind="stable").reset_index(drop=True)  # partitioned
+    without_id = frame.index[frame["unique_id"] == "series_002"][[4, 9]]
+    frame.loc[without_id, "unique_id"] = None
+    source = tmp_path / "input.csv"
+    frame.to_csv(source, index=False)
+    store = JobStore(tmp_path / "jobs.db")
+    store.create(
+        id="job-1",
+        input_path=str(source),
+        input_format="csv",
+        input_bytes=source.stat().st_size,
+        output_format="parquet",
+    )
+    job = store.claim("worker-1", lease_s=3600)
+    files = JobFiles(tmp_path / "jobs", job.id)
+    chunks_reported = []
+
+    def stop_after_the_first_chunk(**values: object) -> bool:
+        if "rows_done" in values:
+            chunks_reported.append(values)
+        return store.update(job.id, "worker-1", **values) and len(chunks_reported) < 2
+
+    def context(report) -> JobContext:
+        return JobContext(
+            job=job,
+            files=files,
+            served=ServedModel(fitted, identity, datetime.now(UTC)),
+            chunk_series=CHUNK,
+            partition_bytes=4096,
+            report=report,
+            stopping=threading.Event(),
+        )
+
+    with pytest.raises(JobStopped):
+        process_job(context(stop_after_the_first_chunk))
+    assert (files.partitions / "_DONE").exists()
+    process_job(context(lambda **values: store.update(job.id, "worker-1", **values)))
+
+    errors = pd.read_csv(files.errors_csv)
+    assert errors["field"].tolist() == ["unique_id"]
+    assert f"unique_id is missing at row {without_id[0]} (2 " in errors["detail"].iloc[0]
+    now = store.get(job.id)
+    assert (now.rows_done, now.series_done, now.series_failed) == (len(frame), 4, 1)

@@ -275,7 +275,7 @@ def _out_of_range(origin: np.datetime64, steps: int, offset: BaseOffset) -> Inva
 @functools.lru_cache(maxsize=256)  # offsets are immutable; aliases repeat on every request
 def parse_freq(freq: str) -> BaseOffset:
     """The pandas offset of an alias (older spellings such as "H" or "M" accepted), or
-    `FrequencyInferenceError` naming the bad alias."""
+    `FrequencyInferenceError` naming a bad alias or a step that is not positive."""
     match = _LEGACY_RE.match(str(freq))
     if match is not None:
         n, alias, anchor = match.groups()
@@ -283,13 +283,19 @@ def parse_freq(freq: str) -> BaseOffset:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return to_offset(freq)
+            offset = to_offset(freq)
     except (ValueError, TypeError) as exc:
         raise FrequencyInferenceError(
             f"freq: {freq!r} is not a pandas offset alias (expected e.g. 'h', 'D', '15min', "
             f"'MS'): {exc}",
             field="freq",
         ) from None
+    if offset.n < 1:  # "0h" would stamp every step alike, "-1h" run backwards
+        raise FrequencyInferenceError(
+            f"freq: expected a positive step (e.g. 'h', 'D', '15min'), got {freq!r}",
+            field="freq",
+        )
+    return offset
 
 
 def fixed_nanos(offset: BaseOffset) -> int | None:

@@ -44,14 +44,14 @@ class FrameParts:
         `unique_id` column: the core's validation names what is missing)."""
         if "unique_id" not in self.history:
             return [], np.zeros(0, dtype=np.int64)
-        codes, uniques = pd.factorize(_as_text(self.history["unique_id"]))
+        codes, uniques = _series_codes(self.history["unique_id"])
         return list(uniques), np.bincount(codes, minlength=len(uniques))
 
     def split(self, max_series: int) -> list[FrameParts]:
         """The same rows in parts of at most `max_series` series each, in series order."""
         if "unique_id" not in self.history:
             return [self]
-        codes, uniques = pd.factorize(_as_text(self.history["unique_id"]))
+        codes, uniques = _series_codes(self.history["unique_id"])
         if len(uniques) <= max_series:
             return [self]
         future_codes = None
@@ -74,6 +74,22 @@ class FrameParts:
 
         future = None if parts[0].future is None else cat([p.future for p in parts])
         return FrameParts(cat([p.history for p in parts]), future)
+
+
+def _series_codes(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's series as a code in order of first appearance, and the series ids.
+
+    A row without an id is refused here, as the core would refuse it: a code of -1 would
+    otherwise drop the row from every chunk, or fail the count of rows per series.
+    """
+    codes, uniques = pd.factorize(_as_text(ids))
+    missing = codes < 0
+    if missing.any():
+        raise InvalidInputError(
+            f"unique_id is missing at row {int(np.argmax(missing))}; every row needs a series id",
+            field="unique_id",
+        )
+    return codes, uniques
 
 
 def _as_text(ids: np.ndarray) -> np.ndarray:
@@ -148,6 +164,23 @@ def _series_error(exc: Exception, index: int, series_id: str, field: str) -> Inv
     )
 
 
+def _unknown_covariates(
+    unknown: list[str], covariates: Sequence[str], index: int, series_id: str
+) -> InvalidInputError:
+    where = f"series {series_id!r} (series[{index}].covariates)"
+    if not covariates:
+        return InvalidInputError(
+            f"{where}: the model has no covariates; got {unknown}",
+            field=f"series[{index}].covariates",
+            series_id=series_id,
+        )
+    return InvalidInputError(
+        f"{where}: the model has no covariates {unknown}; its covariates are {list(covariates)}",
+        field=f"series[{index}].covariates.{unknown[0]}",
+        series_id=series_id,
+    )
+
+
 def request_frames(
     series: Sequence[SeriesIn],
     covariates: Sequence[str],
@@ -188,6 +221,9 @@ def request_frames(
         ids.append(np.full(n, s.id, dtype=object))
         stamps.append(ds)
         values.append(np.array(s.values, dtype=np.float64))  # None becomes NaN: the core says
+        unknown = [name for name in s.covariates or () if name not in covariates]
+        if unknown:
+            raise _unknown_covariates(unknown, covariates, i, s.id)
         if not covariates:
             continue
         given = s.covariates or {}

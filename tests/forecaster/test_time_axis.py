@@ -10,6 +10,7 @@ from forecaster.errors import FrequencyInferenceError, InvalidConfigError, Inval
 from forecaster.time_axis import (
     CALENDAR_FEATURES,
     calendar_features,
+    parse_freq,
     parse_timestamps,
     regular_range,
     season_length,
@@ -119,3 +120,9 @@ def test_regular_range_and_parse_timestamps_check_the_range():
         regular_range("2262-04-01", 24 * 30, "h")
     with pytest.raises(InvalidTimestampsError):
         parse_timestamps(pd.Series(["9016-01-01"]))
+
+
+@pytest.mark.parametrize("freq", ["0h", "-1h", "-2D", "0MS"])
+def test_a_step_that_is_not_positive_is_a_frequency_error(freq):
+    with pytest.raises(FrequencyInferenceError, match="expected a positive step"):
+        parse_freq(freq)

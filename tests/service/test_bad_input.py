@@ -129,6 +129,27 @@ def test_bad_request_fields(client, payload, changes, field, needle):
     assert needle in response.json()["detail"]
 
 
+@pytest.mark.parametrize("freq", ["0h", "-1h", "-2D"])
+def test_a_frequency_that_does_not_step_forward_is_422_on_freq(client, payload, freq):
+    series = {"id": "series_002", "start": "2024-01-01", "freq": freq, "values": [1.0] * 60}
+    response = client.post("/v1/forecast", json={"series": [payload("series_000"), series]})
+    assert response.status_code == 422, response.text
+    error = response.json()
+    assert (error["field"], error["series_id"]) == ("series[1].freq", "series_002")
+    assert "expected a positive step" in error["detail"], error["detail"]
+
+
+def test_covariates_for_a_model_without_covariates_are_422(client, payload):
+    series = payload("series_002")
+    series["covariates"] = {"promo": [0.0] * (len(series["values"]) + HORIZON)}
+    response = client.post("/v1/forecast", json={"series": [payload("series_000"), series]})
+    assert response.status_code == 422, response.text
+    error = response.json()
+    assert (error["field"], error["series_id"]) == ("series[1].covariates", "series_002")
+    assert "the model has no covariates" in error["detail"], error["detail"]
+    assert "promo" in error["detail"]
+
+
 def test_duplicate_series_ids(client, payload):
     body = {"series": [payload("series_000"), payload("series_000")]}
     response = client.post("/v1/forecast", json=body)

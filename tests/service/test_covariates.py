@@ -71,6 +71,22 @@ def test_covariates_missing_or_short_name_the_field(promo_client, promo_model, p
     assert response.json()["series_id"] == "series_001"
 
 
+def test_covariates_the_model_does_not_have_are_422(promo_client, promo_model, promo_frame):
+    past, future = _split(promo_frame, "series_001", promo_model.context_length)
+    promo = past["promo"].tolist() + future["promo"].tolist()
+    series = {
+        "id": "series_001",
+        "timestamps": [t.isoformat() for t in past["ds"]],
+        "values": past["y"].tolist(),
+        "covariates": {"promo": promo, "price": promo},
+    }
+    response = promo_client.post("/v1/forecast", json={"series": [series]})
+    assert response.status_code == 422, response.text
+    error = response.json()
+    assert (error["field"], error["series_id"]) == ("series[0].covariates.price", "series_001")
+    assert "['price']" in error["detail"] and "['promo']" in error["detail"], error["detail"]
+
+
 def test_invocations_take_future_rows_with_empty_y(promo_client, promo_model, promo_frame):
     past, future = _split(promo_frame, "series_002", promo_model.context_length)
     frame = pd.concat([past, future.assign(y=np.nan)], ignore_index=True)

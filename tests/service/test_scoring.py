@@ -120,6 +120,39 @@ def test_bad_values_in_split_name_the_series(client, two_series, change, needle)
     assert needle in response.json()["message"]
 
 
+@pytest.mark.parametrize("fmt", ["split", "records", "csv"])
+@pytest.mark.parametrize("row", [0, 5])
+def test_a_row_without_an_id_is_400_naming_unique_id_and_the_row(client, two_series, fmt, row):
+    frame = two_series.astype({"unique_id": object})
+    frame.loc[row, "unique_id"] = None
+    if fmt == "csv":
+        response = client.post(
+            "/invocations",
+            content=frame.to_csv(index=False),
+            headers={"content-type": "text/csv"},
+        )
+    elif fmt == "records":
+        response = client.post("/invocations", json={"dataframe_records": _records(frame)})
+    else:
+        rows = [[r["unique_id"], r["ds"], r["y"]] for r in _records(frame)]
+        body = {"dataframe_split": {"columns": ["unique_id", "ds", "y"], "data": rows}}
+        response = client.post("/invocations", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()
+    assert error["error_code"] == "BAD_REQUEST"
+    assert error["field"] == "unique_id"
+    assert f"unique_id is missing at row {row}" in error["message"]
+
+
+def test_null_ids_only_is_400(client):
+    rows = [[None, "2024-01-01T00:00", 1.0], [None, "2024-01-01T01:00", 2.0]]
+    body = {"dataframe_split": {"columns": ["unique_id", "ds", "y"], "data": rows}}
+    response = client.post("/invocations", json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["field"] == "unique_id"
+    assert "unique_id is missing at row 0" in response.json()["message"]
+
+
 def test_aware_timestamps_in_split(client, two_series, fitted):
     rows = [[r["unique_id"], r["ds"] + "+00:00", r["y"]] for r in _records(two_series)]
     body = {"dataframe_split": {"columns": ["unique_id", "ds", "y"], "data": rows}}

@@ -88,5 +88,12 @@ def refit(
                     model_name, version.version, PREVIOUS_CHAMPION, previous
                 )
             client.set_registered_model_alias(model_name, CHAMPION, version.version)
+            logger.info(
+                "%s version %s, the refit of version %s, is now @%s",
+                model_name,
+                version.version,
+                evaluated_version.version,
+                CHAMPION,
+            )
     client.set_tag(run_id, "refit_version", version.version)
     return version

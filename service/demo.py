@@ -98,11 +98,12 @@ def main(argv: list[str] | None = None) -> int:
             ],
         }
         response = httpx.post(f"{base_url}/v1/forecast", json=body, timeout=30.0)
-        shown = json.dumps(
-            {**body, "series": [{**body["series"][0], "values": ["...168 values..."]}]}
-        )
+        # The body goes to a file so that the printed command runs as it is.
+        request = data.with_name("demo_request.json")
+        request.write_text(json.dumps(body))
         print(
-            f"\n$ curl -s -X POST {base_url}/v1/forecast -H 'content-type: application/json' -d '{shown}'"
+            f"\n$ curl -s -X POST {base_url}/v1/forecast -H 'content-type: application/json' "
+            f"-d @{request}   # one week of hourly values, 24 steps ahead"
         )
         answer = response.json()
         for forecast in answer.get("forecasts", []):

@@ -51,6 +51,7 @@ import torch
 from benchmarks.overrides import add_set_option, overrides_of
 from forecaster import Forecaster, ModelConfig, TrainConfig
 from forecaster.baselines import SeasonalNaive
+from forecaster.data import quantile_column
 from forecaster.metrics import mase_scale, smape
 
 HORIZON = 48
@@ -248,7 +249,8 @@ def run_ours(split: Split, seed: int, overrides: dict) -> tuple[Forecaster, np.n
     started = time.perf_counter()
     forecaster.fit(frame)
     seconds = time.perf_counter() - started
-    forecast = predict_ours(forecaster, split)
+    predicted = forecaster.predict(long_frame(split))
+    forecast = forecasts_from_frame(split, predicted, "mean")
     r = forecaster.train_result
     return (
         forecaster,
@@ -262,8 +264,21 @@ def run_ours(split: Split, seed: int, overrides: dict) -> tuple[Forecaster, np.n
             "linear_start_ridge": r.linear_start_ridge,
             "patch_length": forecaster.model_config.patch_length,
             "parameters": sum(p.numel() for p in forecaster.model.parameters()),
+            **calibration(split, predicted, forecaster.quantiles),
         },
     )
+
+
+def calibration(split: Split, predicted: pd.DataFrame, levels: tuple[float, ...]) -> dict:
+    """How often the truth falls below each quantile forecast (ideally the level itself), and
+    inside the band between the outer quantiles (ideally their difference)."""
+    bands = {q: forecasts_from_frame(split, predicted, quantile_column(q)) for q in levels}
+    out: dict = {"share_below": {str(q): float(np.mean(split.truth < b)) for q, b in bands.items()}}
+    if len(levels) >= 2:
+        low, high = bands[levels[0]], bands[levels[-1]]
+        inside = (split.truth >= low) & (split.truth <= high)
+        out["band_coverage"] = {f"{levels[0]}-{levels[-1]}": float(inside.mean())}
+    return out
 
 
 def predict_ours(forecaster: Forecaster, split: Split) -> np.ndarray:

@@ -77,6 +77,7 @@ def test_cli_scores_every_series_and_writes_json(wide_csv, tmp_path, capsys):
     rows = {r["model"]: r for r in json.loads(out.read_text())["results"]}
     assert set(rows) == {"naive (same split)", "seasonal naive (same split)", "ours (seed 0)"}
     assert all(np.isfinite(r["owa"]) for r in rows.values())
+    assert set(rows["ours (seed 0)"]["share_below"]) == {"0.1", "0.5", "0.9"}
     assert "| ours (seed 0) |" in capsys.readouterr().out
 
 
@@ -90,3 +91,16 @@ def test_bad_set_option_is_refused_with_its_text(wide_csv, capsys):
         m4.main(["--data", str(wide_csv), "--set", "d_model=8"])
     assert exited.value.code == 2
     assert "--set d_model=8: expected model.FIELD=VALUE" in capsys.readouterr().err
+
+
+def test_calibration_counts_the_truth_below_each_quantile_and_inside_the_band():
+    truth = np.tile(np.arange(m4.HORIZON, dtype=float), (2, 1))  # 0 .. 47 for both series
+    split = m4.Split(["a", "b"], [np.ones(100)] * 2, truth, np.ones(2))
+    ds = pd.date_range("2000-01-01", periods=m4.HORIZON, freq="h")
+    predicted = pd.concat(
+        pd.DataFrame({"unique_id": sid, "ds": ds, "q0.1": 4.5, "q0.5": 24.0, "q0.9": 43.5})
+        for sid in ("a", "b")
+    )
+    got = m4.calibration(split, predicted, (0.1, 0.5, 0.9))
+    assert got["share_below"] == {"0.1": 5 / 48, "0.5": 24 / 48, "0.9": 44 / 48}
+    assert got["band_coverage"] == {"0.1-0.9": 39 / 48}

@@ -1,19 +1,26 @@
-"""A catalogue of short annual series, the shape of M4's Yearly group: how the defaults do when
-almost every history is shorter than the context.
+"""Catalogues of short series, shaped like M4's Yearly group and like a weekly product
+catalogue: how the defaults do when most histories are shorter than the context.
 
-    python -m benchmarks.short_catalogue --json OUT [--set model.context_length=128]
+    python -m benchmarks.short_catalogue --json OUT [--kind weekly] [--set model.context_length=128]
 
-The data is synthetic and seeded (no yearly data set ships with the project): 600 annual
-series with lengths log-normal around 29 points (13 to 300, as in M4 Yearly), each a random
-walk in logs whose drift itself wanders (a damped local trend) with noise of 2-12 % a year.
-Each series' last 6 points (M4 Yearly's horizon) are held out and scored by sMAPE and MASE
-(scaled by the in-sample naive MAE, seasonality 1), beside naive (the last value) and drift
-(the last value plus the average step of the history), the usual yearly baselines. It checks
-that short histories are read well; no default was chosen on it.
+The data is synthetic and seeded (no yearly or weekly data set ships with the project):
+- annual (default): 600 series with lengths log-normal around 29 points (13 to 300, as in M4
+  Yearly), each a random walk in logs whose drift itself wanders (a damped local trend) with
+  noise of 2-12 % a year; horizon 6 (M4 Yearly's).
+- weekly: 360 series, a third of them shorter than the default context plus the horizon (20
+  to 348 weeks, the others 349 to 900), a local level in logs with a small trend, a yearly
+  cycle of 52.18 weeks (not a whole number of steps, as in real weekly data) of up to 30 % and
+  noise of 3-15 %; horizon 13 (M4 Weekly's).
+
+Each series' last horizon is held out and scored by sMAPE and MASE (scaled by the in-sample
+naive MAE, seasonality 1, as M4 scores both groups), beside naive (the last value) and drift
+(the last value plus the average step of the history). It checks that short histories are
+read well; no default was chosen on it.
 
 Peers run in the same command when statsforecast is installed (`pip install -e ".[peers]"`,
-best in its own virtual environment: statsforecast needs pandas < 3): AutoETS, AutoARIMA and
-AutoTheta, the statistical models that do well on M4's Yearly group, each fitted per series.
+best in its own virtual environment: statsforecast needs pandas < 3), each fitted per series:
+AutoETS, AutoARIMA and AutoTheta on the annual catalogue; AutoETS and AutoTheta with a season
+of 52 on the weekly one (AutoARIMA with that season takes hours).
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +46,8 @@ N_SERIES = 600
 
 
 def make_catalogue(seed: int = 0) -> tuple[list[np.ndarray], pd.DataFrame]:
-    """The series (histories and held-out points together) and the histories as a long frame."""
+    """The annual series (histories and held-out points together) and the histories as a long
+    frame."""
     rng = np.random.default_rng(seed)
     lengths = np.clip(np.exp(rng.normal(np.log(29), 0.6, N_SERIES)).astype(int), 13, 300)
     series, frames = [], []
@@ -61,29 +70,74 @@ def make_catalogue(seed: int = 0) -> tuple[list[np.ndarray], pd.DataFrame]:
     return series, pd.concat(frames, ignore_index=True)
 
 
+WEEKLY_HORIZON = 13
+WEEKLY_SERIES = 360
+
+
+def make_weekly_catalogue(seed: int = 0) -> tuple[list[np.ndarray], pd.DataFrame]:
+    """The weekly series and their histories, as `make_catalogue` gives the annual ones."""
+    rng = np.random.default_rng(seed)
+    h = WEEKLY_HORIZON
+    series, frames = [], []
+    for i in range(WEEKLY_SERIES):
+        short = rng.integers(20, 349)  # shorter than the default context (336) + horizon
+        n = int(rng.choice([short, rng.integers(349, 900)], p=[1 / 3, 2 / 3])) + h
+        t = np.arange(n)
+        season = rng.uniform(0, 0.3) * np.sin(2 * np.pi * t / 52.18 + rng.uniform(0, 2 * np.pi))
+        level = np.cumsum(rng.normal(0, rng.uniform(0.005, 0.03), n))
+        trend = rng.normal(0.002, 0.002) * t
+        noise = rng.normal(0, rng.uniform(0.03, 0.15), n)
+        y = np.exp(np.log(rng.uniform(50, 5000)) + level + trend + season + noise)
+        series.append(y)
+        ds = pd.date_range(end="2024-12-29", periods=n - h, freq="W-SUN")
+        frames.append(pd.DataFrame({"unique_id": f"W{i}", "ds": ds, "y": y[:-h]}))
+    return series, pd.concat(frames, ignore_index=True)
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    make: Callable[[int], tuple[list[np.ndarray], pd.DataFrame]]
+    horizon: int
+    freq: str
+    peer_season: int  # statsforecast's season_length
+    peers: tuple[str, ...]
+
+
+CATALOGUES = {
+    "annual": Catalogue(make_catalogue, HORIZON, "YS", 1, ("AutoETS", "AutoARIMA", "AutoTheta")),
+    "weekly": Catalogue(
+        make_weekly_catalogue, WEEKLY_HORIZON, "W-SUN", 52, ("AutoETS", "AutoTheta")
+    ),
+}
+
+
 def score(series: list[np.ndarray], forecast: np.ndarray) -> dict[str, float]:
-    """Mean sMAPE and MASE of (S, H) forecasts of the held-out points."""
-    actual = np.stack([y[-HORIZON:] for y in series])
-    scales = np.array([mase_scale(y[:-HORIZON], 1) for y in series])
+    """Mean sMAPE and MASE of (S, H) forecasts of each series' last H points."""
+    h = forecast.shape[1]
+    actual = np.stack([y[-h:] for y in series])
+    scales = np.array([mase_scale(y[:-h], 1) for y in series])
     return {
         "smape": smape(actual, forecast),
         "mase": float(np.mean(np.abs(forecast - actual).mean(axis=1) / scales)),
     }
 
 
-def run_peers(history: pd.DataFrame) -> Iterator[tuple[str, pd.DataFrame, float]]:
-    """statsforecast's AutoETS, AutoARIMA and AutoTheta, each as it finishes: (name, forecast
-    frame with the model's column, seconds); nothing when statsforecast is not installed."""
+def run_peers(
+    history: pd.DataFrame, catalogue: Catalogue
+) -> Iterator[tuple[str, pd.DataFrame, float]]:
+    """The catalogue's statsforecast peers, each as it finishes: (name, forecast frame with the
+    model's column, seconds); nothing when statsforecast is not installed."""
     try:
+        import statsforecast.models
         from statsforecast import StatsForecast
-        from statsforecast.models import AutoARIMA, AutoETS, AutoTheta
     except ImportError:
         print("peers: statsforecast not installed (pip install -e '.[peers]')", file=sys.stderr)
         return
-    for model in (AutoETS(season_length=1), AutoARIMA(season_length=1), AutoTheta(season_length=1)):
+    for name in catalogue.peers:
+        model = getattr(statsforecast.models, name)(season_length=catalogue.peer_season)
         started = time.perf_counter()
-        predicted = StatsForecast(models=[model], freq="YS", n_jobs=1).forecast(
-            df=history, h=HORIZON
+        predicted = StatsForecast(models=[model], freq=catalogue.freq, n_jobs=1).forecast(
+            df=history, h=catalogue.horizon
         )
         seconds = time.perf_counter() - started
         yield model.alias, predicted, seconds
@@ -98,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--kind", choices=list(CATALOGUES), default="annual", help="catalogue")
     parser.add_argument("--seed", type=int, default=0, help="training seed")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--no-peers", action="store_true", help="skip the statsforecast peers")
@@ -106,15 +161,17 @@ def main(argv: list[str] | None = None) -> int:
     overrides = overrides_of(args)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
-    series, history = make_catalogue()
-    steps = np.arange(1, HORIZON + 1)
-    last = np.array([y[-HORIZON - 1] for y in series])[:, None]
-    slope = np.array([(y[-HORIZON - 1] - y[0]) / (len(y) - HORIZON - 1) for y in series])
+    catalogue = CATALOGUES[args.kind]
+    h = catalogue.horizon
+    series, history = catalogue.make(0)
+    steps = np.arange(1, h + 1)
+    last = np.array([y[-h - 1] for y in series])[:, None]
+    slope = np.array([(y[-h - 1] - y[0]) / (len(y) - h - 1) for y in series])
     rows = [
-        {"model": "naive", **score(series, np.repeat(last, HORIZON, axis=1))},
+        {"model": "naive", **score(series, np.repeat(last, h, axis=1))},
         {"model": "drift", **score(series, last + slope[:, None] * steps)},
     ]
-    model_config = ModelConfig(**{**overrides["model"], "prediction_length": HORIZON})
+    model_config = ModelConfig(**{**overrides["model"], "prediction_length": h})
     train_config = TrainConfig(**{**overrides["train"], "seed": args.seed})
     forecaster = Forecaster(model_config, train_config)
     started = time.perf_counter()
@@ -137,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             "patch_length": forecaster.model_config.patch_length,
         }
     )
-    for name, predicted, seconds in () if args.no_peers else run_peers(history):
+    for name, predicted, seconds in () if args.no_peers else run_peers(history, catalogue):
         forecast = _by_series(predicted, name, order)
         rows.append(
             {
@@ -151,7 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         seconds = f"{row['seconds']:.0f}" if "seconds" in row else "-"
         print(f"| {row['model']} | {row['smape']:.3f} | {row['mase']:.3f} | {seconds} |")
     if args.json:
-        args.json.write_text(json.dumps({"overrides": overrides, "results": rows}, indent=1))
+        args.json.write_text(
+            json.dumps({"kind": args.kind, "overrides": overrides, "results": rows}, indent=1)
+        )
     return 0
 
 

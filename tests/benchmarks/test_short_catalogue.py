@@ -1,10 +1,11 @@
-"""The short-catalogue benchmark: every series forecast, ahead of naive on its MASE."""
+"""The short-catalogue benchmarks: every series forecast, ahead of naive on its MASE."""
 
 from __future__ import annotations
 
 import json
 
 import numpy as np
+import pandas as pd
 
 from benchmarks import short_catalogue
 from forecaster import ModelConfig
@@ -31,3 +32,30 @@ def test_tiny_run_beats_naive(tmp_path, capsys):
     assert np.isfinite(rows["ours (seed 0)"]["mase"])
     assert rows["ours (seed 0)"]["mase"] < rows["naive"]["mase"]
     assert "| ours (seed 0) |" in capsys.readouterr().out
+
+
+def test_weekly_catalogue_has_a_third_shorter_than_context_and_horizon():
+    series, history = short_catalogue.make_weekly_catalogue()
+    lengths = history.groupby("unique_id").size()
+    assert len(lengths) == short_catalogue.WEEKLY_SERIES
+    short = (lengths < ModelConfig().context_length + short_catalogue.WEEKLY_HORIZON).mean()
+    assert 0.25 < short < 0.42
+    assert pd.infer_freq(history.loc[history["unique_id"] == "W0", "ds"]) == "W-SUN"
+    assert all(
+        len(y) == n + 13
+        for y, n in zip(series, lengths.loc[history["unique_id"].unique()], strict=True)
+    )
+
+
+def test_tiny_weekly_run_forecasts_every_series(tmp_path):
+    out = tmp_path / "weekly.json"
+    argv = ["--kind", "weekly", "--json", str(out), "--no-peers"]
+    tiny = ["model.d_model=8", "model.n_heads=1", "model.d_ff=16", "model.context_length=104"]
+    for item in [*tiny, "train.max_epochs=1", "train.max_windows_per_epoch=2048"]:
+        argv += ["--set", item]
+    assert short_catalogue.main([*argv, "--set", "train.progress=false"]) == 0
+    result = json.loads(out.read_text())
+    rows = {row["model"]: row for row in result["results"]}
+    assert result["kind"] == "weekly"
+    assert np.isfinite(rows["ours (seed 0)"]["mase"])
+    assert rows["ours (seed 0)"]["patch_length"] == 26  # a weekly season of 52, halved

@@ -151,15 +151,16 @@ def test_bad_series_are_left_out_and_listed_the_others_forecast(client, history,
     assert "'abc'" in errors["detail"].iloc[1]
 
 
+def _many_copies(history: pd.DataFrame, n: int = 700) -> pd.DataFrame:
+    """`n` copies of the history under new ids (~10 MB of CSV for 700: several 8 MB blocks),
+    values as objects so that one can be set to text."""
+    copies = [history.assign(unique_id=history["unique_id"] + f"-{k:03d}") for k in range(n)]
+    return pd.concat(copies, ignore_index=True).astype({"y": object})
+
+
 def test_text_far_into_a_large_csv_fails_only_its_series(client, history):
     """CSV blocks are 8 MB: text in a value past the first block is one series' error too."""
-    copies = []
-    for k in range(700):  # ~10 MB of CSV
-        part = history.copy()
-        part["unique_id"] = part["unique_id"] + f"-{k:03d}"
-        copies.append(part)
-    many = pd.concat(copies, ignore_index=True)
-    many["y"] = many["y"].astype(object)
+    many = _many_copies(history)
     last = many.index[many["unique_id"] == "series_003-699"]
     many.loc[last[10], "y"] = "abc"
     body = many.to_csv(index=False).encode()
@@ -178,13 +179,7 @@ def test_text_far_into_a_large_unsorted_csv_fails_only_its_series(make_client, h
     """Partitioned (rows not grouped by series), the blocks of values that are all numbers and
     the later block holding text share the partitions all the same."""
     client = make_client(batch_partition_bytes=1 << 20)
-    copies = []
-    for k in range(700):  # ~10 MB of CSV: several 8 MB blocks
-        part = history.copy()
-        part["unique_id"] = part["unique_id"] + f"-{k:03d}"
-        copies.append(part)
-    many = pd.concat(copies, ignore_index=True)
-    many["y"] = many["y"].astype(object)
+    many = _many_copies(history)
     last = many.index[many["unique_id"] == "series_003-699"]
     many.loc[last[-5], "y"] = "abc"  # one of the last timestamps: in the file's last block
     many = many.sort_values("ds", kind="stable")

@@ -17,6 +17,21 @@ from service.model_manager import ServedModel
 CHUNK = 3
 
 
+def _claimed_job(tmp_path, source):
+    """A job on `source` (its format from the suffix), stored and claimed by worker-1."""
+    store = JobStore(tmp_path / "jobs.db")
+    store.create(
+        id="job-1",
+        input_path=str(source),
+        input_format=source.suffix.lstrip("."),
+        input_bytes=source.stat().st_size,
+        output_format="parquet",
+    )
+    job = store.claim("worker-1", lease_s=3600)
+    assert job is not None
+    return store, job
+
+
 @pytest.mark.parametrize(
     ("layout", "partition_bytes"),
     [
@@ -42,17 +57,8 @@ def test_progress_advances_after_every_chunk_bad_ones_included(
         frame = frame.sort_values("ds", kind="stable")
     source = tmp_path / "input.csv"
     frame.to_csv(source, index=False)
-    store = JobStore(tmp_path / "jobs.db")
-    job = store.create(
-        id="job-1",
-        input_path=str(source),
-        input_format="csv",
-        input_bytes=source.stat().st_size,
-        output_format="parquet",
-    )
+    store, job = _claimed_job(tmp_path, source)
     owner = "worker-1"
-    job = store.claim(owner, lease_s=3600)
-    assert job is not None
     seen: list[tuple[int, int, int]] = []  # (rows, series done, series failed) after each report
 
     def report(**values: object) -> bool:
@@ -99,15 +105,7 @@ def test_many_bad_series_in_one_chunk_are_each_listed_and_the_rest_forecast(
     frame.loc[frame["unique_id"].isin(bad), "y"] = np.nan
     source = tmp_path / "input.parquet"
     frame.to_parquet(source, index=False)
-    store = JobStore(tmp_path / "jobs.db")
-    store.create(
-        id="job-1",
-        input_path=str(source),
-        input_format="parquet",
-        input_bytes=source.stat().st_size,
-        output_format="parquet",
-    )
-    job = store.claim("worker-1", lease_s=3600)
+    store, job = _claimed_job(tmp_path, source)
     files = JobFiles(tmp_path / "jobs", job.id)
     ctx = JobContext(
         job=job,
@@ -142,15 +140,7 @@ def test_rows_without_an_id_are_listed_by_a_job_resumed_past_reading(
     frame.loc[without_id, "unique_id"] = None
     source = tmp_path / "input.csv"
     frame.to_csv(source, index=False)
-    store = JobStore(tmp_path / "jobs.db")
-    store.create(
-        id="job-1",
-        input_path=str(source),
-        input_format="csv",
-        input_bytes=source.stat().st_size,
-        output_format="parquet",
-    )
-    job = store.claim("worker-1", lease_s=3600)
+    store, job = _claimed_job(tmp_path, source)
     files = JobFiles(tmp_path / "jobs", job.id)
     chunks_reported = []
 

@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from forecaster.columns import ID, TIME
 from forecaster.config import ModelConfig, TrainConfig, config_from_dict, config_to_dict
 from forecaster.errors import (
+    ForecasterInputError,
     HorizonTooLongError,
     ModelCodeMismatchError,
     SeriesTooShortError,
@@ -271,14 +272,20 @@ class Forecaster:
                 }
             )
             if mc.covariates:
-                given = validate_future_frame(
-                    None if future_df is None else _frame(future_df),
-                    history=validated,
-                    horizon=horizon,
-                    covariates=mc.covariates,
-                )
+                frame = None if future_df is None else _frame(future_df)
+                try:  # the model reads H steps: the given ones beat holding the last value
+                    given = validate_future_frame(
+                        frame,
+                        history=validated,
+                        horizon=mc.prediction_length,
+                        covariates=mc.covariates,
+                    )
+                except ForecasterInputError:  # only `horizon` steps are required
+                    given = validate_future_frame(
+                        frame, history=validated, horizon=horizon, covariates=mc.covariates
+                    )
                 future_frame = future_frame.merge(given, on=["unique_id", "ds"], how="left")
-                # Beyond the requested horizon the model still reads H steps: hold the last value.
+                # Past the steps given (at least `horizon`), hold the last value.
                 future_frame[list(mc.covariates)] = future_frame.groupby("unique_id")[
                     list(mc.covariates)
                 ].ffill()

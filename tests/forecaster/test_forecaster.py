@@ -254,6 +254,17 @@ def test_known_future_covariate_is_required_and_used():
     forecast = model.predict(history, future_df=future.drop(columns=["y"]))
     flipped = future.assign(**{PROMO: 1.0 - future[PROMO]}).drop(columns=["y"])
     assert np.abs(forecast["mean"] - model.predict(history, future_df=flipped)["mean"]).max() > 0.1
+    # A shorter horizon is the first steps of the full one when the later covariates are given
+    # (here the flag alternates, so holding step 3's value for step 4 would differ), and needs
+    # only its own steps' covariates.
+    alternating = future.assign(**{PROMO: np.tile([0.0, 1.0], len(future) // 2)})
+    alternating = alternating.drop(columns=["y"])
+    short = model.predict(history, horizon=3, future_df=alternating)
+    full = model.predict(history, future_df=alternating)
+    first = full.groupby("unique_id").head(3).reset_index(drop=True)
+    pd.testing.assert_frame_equal(short, first)
+    only_three = future.groupby("unique_id").head(3).drop(columns=["y"])
+    assert len(model.predict(history, horizon=3, future_df=only_three)) == 3 * 3
 
 
 def test_attention_maps_have_token_shapes_and_rows_sum_to_one(fitted, series):

@@ -273,14 +273,19 @@ class Forecaster:
             )
             if mc.covariates:
                 frame = None if future_df is None else _frame(future_df)
-                try:  # the model reads H steps: the given ones beat holding the last value
+                # The model reads H steps: later rows, when given, beat holding the last value.
+                # Only `horizon` steps are required, and a frame too short for H (the service's
+                # requests) is validated once.
+                steps = horizon
+                if frame is not None and len(frame) >= s * mc.prediction_length:
+                    steps = mc.prediction_length
+                try:
                     given = validate_future_frame(
-                        frame,
-                        history=validated,
-                        horizon=mc.prediction_length,
-                        covariates=mc.covariates,
+                        frame, history=validated, horizon=steps, covariates=mc.covariates
                     )
-                except ForecasterInputError:  # only `horizon` steps are required
+                except ForecasterInputError:
+                    if steps == horizon:
+                        raise
                     given = validate_future_frame(
                         frame, history=validated, horizon=horizon, covariates=mc.covariates
                     )

@@ -113,7 +113,7 @@ def validate_long_frame(
     covariates = _check_arguments(covariates, min_length, target)
     columns = _required_columns(df, [ID, TIME, target, *covariates])
 
-    ids, codes, uniques = _series_codes(columns[ID])
+    ids, codes, uniques = series_codes(columns[ID])
     ds = parse_timestamps(columns[TIME], ids)
     values = {
         name: _as_float(columns[name], name, ids, ds, allow_nan=allow_missing and name == target)
@@ -168,7 +168,7 @@ def infer_frequency(df: pd.DataFrame | pd.Series | pd.DatetimeIndex) -> str:
         if len(times) == 0:
             raise EmptyDataError("cannot infer a frequency from no timestamps", field=TIME)
         ids_col = pd.Series(["series"] * len(times), index=times.index)
-    ids, codes, uniques = _series_codes(ids_col)
+    ids, codes, uniques = series_codes(ids_col)
     ds = parse_timestamps(times, ids)
     order = _grouping_order(codes)
     if order is not None:
@@ -228,7 +228,7 @@ def validate_future_frame(
         )
     _check_frame(future_df, [ID, TIME, *covariates])
 
-    ids, codes, uniques = _series_codes(future_df[ID])
+    ids, codes, uniques = series_codes(future_df[ID])
     ds = parse_timestamps(future_df[TIME], ids)
     values = {name: _as_float(future_df[name], name, ids, ds) for name in covariates}
     dup = pd.DataFrame({"c": codes, "t": ds.view(np.int64)}).duplicated().to_numpy()
@@ -332,7 +332,7 @@ def _check_frame(df: object, required: list[str]) -> None:
         )
 
 
-def _series_codes(
+def series_codes(
     col: pd.Series | np.ndarray,
 ) -> tuple[pd.api.extensions.ExtensionArray | np.ndarray, np.ndarray, pd.Index]:
     """Series ids as a string array, integer codes in order of first appearance, unique ids."""

@@ -23,6 +23,7 @@ from forecaster.errors import ForecasterInputError, SeriesTooShortError
 from forecaster.forecaster import ModelInputs
 from forecaster.outputs import ForecastArrays
 from forecaster.time_axis import parse_datetimes, regular_range, steps_after
+from forecaster.validation import series_codes
 from service.errors import InvalidInputError
 from service.model_manager import ServedModel
 from service.schemas import ForecastRequest, SeriesIn
@@ -44,19 +45,19 @@ class FrameParts:
         `unique_id` column: the core's validation names what is missing)."""
         if "unique_id" not in self.history:
             return [], np.zeros(0, dtype=np.int64)
-        codes, uniques = _series_codes(self.history["unique_id"])
+        _, codes, uniques = series_codes(self.history["unique_id"])
         return list(uniques), np.bincount(codes, minlength=len(uniques))
 
     def split(self, max_series: int) -> list[FrameParts]:
         """The same rows in parts of at most `max_series` series each, in series order."""
         if "unique_id" not in self.history:
             return [self]
-        codes, uniques = _series_codes(self.history["unique_id"])
+        _, codes, uniques = series_codes(self.history["unique_id"])
         if len(uniques) <= max_series:
             return [self]
         future_codes = None
         if self.future is not None:
-            future_codes = pd.Index(uniques).get_indexer(_as_text(self.future["unique_id"]))
+            future_codes = uniques.get_indexer(series_codes(self.future["unique_id"])[0])
         parts = []
         for first in range(0, len(uniques), max_series):
             rows = (codes >= first) & (codes < first + max_series)
@@ -74,29 +75,6 @@ class FrameParts:
 
         future = None if parts[0].future is None else cat([p.future for p in parts])
         return FrameParts(cat([p.history for p in parts]), future)
-
-
-def _series_codes(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's series as a code in order of first appearance, and the series ids.
-
-    A row without an id is refused here, as the core would refuse it: a code of -1 would
-    otherwise drop the row from every chunk, or fail the count of rows per series.
-    """
-    codes, uniques = pd.factorize(_as_text(ids))
-    missing = codes < 0
-    if missing.any():
-        raise InvalidInputError(
-            f"unique_id is missing at row {int(np.argmax(missing))}; every row needs a series id",
-            field="unique_id",
-        )
-    return codes, uniques
-
-
-def _as_text(ids: np.ndarray) -> np.ndarray:
-    """Series ids as strings, as the core reads them (already strings on the hot path)."""
-    if ids.dtype == object and pd.api.types.infer_dtype(ids, skipna=False) == "string":
-        return ids
-    return pd.Series(ids).astype("str").to_numpy()
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ One row per series and forecast step:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -121,7 +122,9 @@ class ForecastLog:
         self._rows = 0
         self._lock = threading.Lock()  # guards the buffer
         self._write_lock = threading.Lock()  # one file written at a time
-        self._last_prune = 0.0
+        # The first flush prunes: the monotonic clock starts near 0 at boot, so "0" would
+        # mean "pruned a moment ago" on a machine up for less than PRUNE_EVERY_S.
+        self._last_prune = -math.inf
 
     def append(self, table: pa.Table) -> None:
         with self._lock:

@@ -195,6 +195,11 @@ class TrainConfig:
     # restore does). An evaluated run's TrainResult.kept_lr_factors replays the path that led
     # to its best weights, so a model refit on all data trains as far as validation said.
     replay_lr_factors: tuple[float, ...] = ()
+    # Factor on the quantiles' offsets from the point forecast. None: after training, the one
+    # (of a grid from 0.5 to 2) with the lowest pinball loss on the validation windows, or 1
+    # without them; a refit replays the evaluated run's (TrainResult.interval_scale). On M4
+    # Hourly the band is narrow on unseen windows without it (README, design).
+    interval_scale: float | None = None
     # Global gradient-norm clip; 0 disables clipping.
     grad_clip: float = 1.0
     # Validate, keep and return an exponential moving average of the weights (Polyak
@@ -242,6 +247,13 @@ class TrainConfig:
         _check(0 < self.lr_decay < 1, "lr_decay", "in (0, 1)", self.lr_decay)
         _check(self.max_lr_decays >= 0, "max_lr_decays", ">= 0", self.max_lr_decays)
         _check(self.patience >= 1, "patience", ">= 1", self.patience)
+        _check(
+            self.interval_scale is None
+            or (math.isfinite(self.interval_scale) and self.interval_scale > 0),
+            "interval_scale",
+            "None or a positive finite factor",
+            self.interval_scale,
+        )
         _check(self.grad_clip >= 0, "grad_clip", ">= 0", self.grad_clip)
         _check(0.0 <= self.ema_decay < 1.0, "ema_decay", "in [0, 1)", self.ema_decay)
         _check(

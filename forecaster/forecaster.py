@@ -496,7 +496,10 @@ class Forecaster:
         )
         forecaster.freq = meta["freq"]
         model = PatchTransformer(forecaster.model_config)
-        model.load_state_dict(load_file(path / WEIGHTS_FILE))
+        state = load_file(path / WEIGHTS_FILE)
+        # A model saved before intervals were calibrated was used with a scale of 1.
+        state.setdefault("interval_scale", torch.ones(()))
+        model.load_state_dict(state)
         forecaster.model = model.to(forecaster.device).eval()
         reference_file = path / REFERENCE_FILE
         if verify and reference_file.is_file():

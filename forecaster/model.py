@@ -117,6 +117,10 @@ class PatchTransformer(nn.Module):
         )
         n_q = len(c.quantiles)
         self.quantile_head = nn.Linear(d, p * n_q) if n_q else None
+        # Widens (> 1) or narrows the quantiles' offsets from the point forecast. Training
+        # leaves it at 1 and then calibrates it on the validation windows (see
+        # forecaster.training.calibrate_intervals); saved with the weights.
+        self.register_buffer("interval_scale", torch.ones(()))
 
     # -- shapes ---------------------------------------------------------------------------
     def _context_patches(self, x: torch.Tensor) -> torch.Tensor:
@@ -208,7 +212,7 @@ class PatchTransformer(nn.Module):
             # features without letting the pinball loss move the point forecast.
             offsets = self.quantile_head(decoded.hidden.detach())
             # (B, M, P * Q) -> (B, M * P, Q) -> (B, H, Q)
-            offsets = offsets.reshape(batch, -1, len(c.quantiles))[:, :h]
+            offsets = offsets.reshape(batch, -1, len(c.quantiles))[:, :h] * self.interval_scale
             # Sorting keeps quantiles from crossing without constraining what the head learns.
             quantiles = (mean.detach().unsqueeze(-1) + offsets).sort(dim=-1).values
 

@@ -43,9 +43,16 @@ def refit(
 ) -> ModelRef:
     """Train ``evaluated``'s configuration on all of ``data``, register it, make it champion."""
     model = evaluated.forecaster
-    factors = model.train_result.kept_lr_factors if model.train_result else ()
-    # The evaluated run kept epoch 0 (the linear start) when no epoch was kept.
-    replay = dataclasses.replace(model.train_config, replay_lr_factors=factors, max_epochs=0)
+    result = model.train_result
+    factors = result.kept_lr_factors if result else ()
+    # The evaluated run kept epoch 0 (the linear start) when no epoch was kept. Its intervals'
+    # calibration is kept too: the refit has no held-out windows to calibrate on.
+    replay = dataclasses.replace(
+        model.train_config,
+        replay_lr_factors=factors,
+        max_epochs=0,
+        interval_scale=result.interval_scale if result else None,
+    )
     refitted = Forecaster(model.model_config, replay).fit(data.frame)
     logger.info(
         "refit version %s's configuration on all %d series up to %s: %d epoch(s)",

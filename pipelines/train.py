@@ -127,6 +127,8 @@ def train(
         device=str(forecaster.device),
     )
     summary = {"train_seconds": seconds, "best_epoch": float(outcome.best_epoch)}
+    if result:
+        summary["interval_scale"] = result.interval_scale
     if outcome.best_val_loss is not None:
         summary["best_val_loss"] = float(outcome.best_val_loss)
     now = int(time.time() * 1000)

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from forecaster import Forecaster, ModelConfig, TrainConfig
 from forecaster.errors import (
@@ -102,6 +103,30 @@ def test_save_load_on_anchored_frequencies(freq, tmp_path):
     model.save(tmp_path / "model")
     reloaded = Forecaster.load(tmp_path / "model")
     pd.testing.assert_frame_equal(reloaded.predict(data), model.predict(data), check_exact=True)
+
+
+def test_the_interval_scale_is_saved_and_a_model_saved_before_it_loads(series, tmp_path):
+    config = TrainConfig(**{**TINY_TRAIN, "max_epochs": 1, "interval_scale": 1.5})
+    model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
+    model.save(tmp_path / "model")
+    reloaded = Forecaster.load(tmp_path / "model")
+    assert reloaded.model.interval_scale.item() == 1.5
+    pd.testing.assert_frame_equal(reloaded.predict(series), model.predict(series), check_exact=True)
+    # A model saved before the scale existed has neither the field nor the tensor: it
+    # forecasts as it always did, with a scale of 1.
+    meta_file, weights_file = (
+        tmp_path / "model" / "config.json",
+        tmp_path / "model" / "model.safetensors",
+    )
+    meta = json.loads(meta_file.read_text())
+    del meta["train_config"]["interval_scale"]
+    meta_file.write_text(json.dumps(meta))
+    weights = load_file(weights_file)
+    del weights["interval_scale"]
+    save_file(weights, weights_file)
+    older = Forecaster.load(tmp_path / "model")
+    model.model.interval_scale.fill_(1.0)
+    pd.testing.assert_frame_equal(older.predict(series), model.predict(series), check_exact=True)
 
 
 def test_failed_save_leaves_the_saved_model_intact(fitted, series, tmp_path, monkeypatch):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from forecaster import ModelConfig
+from forecaster import ModelConfig, TrainConfig
 from forecaster.errors import InvalidConfigError
 from forecaster.model import PatchTransformer, fill_gaps
 from forecaster.training import LINEAR_START_RIDGES, WindowSet, fit_linear_start
@@ -264,6 +264,12 @@ def test_invalid_config_says_expected_and_actual(tiny_config, field, value, mess
     ) as error:
         ModelConfig(**{**tiny_config.__dict__, field: value})
     assert error.value.field == field
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf")])
+def test_an_interval_scale_that_is_not_a_positive_factor_is_refused(value):
+    with pytest.raises(InvalidConfigError, match="interval_scale: expected None or a positive"):
+        TrainConfig(interval_scale=value)
 
 
 def test_config_is_frozen(tiny_config):

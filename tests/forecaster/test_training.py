@@ -15,7 +15,7 @@ from forecaster import EpochLog, Forecaster, ModelConfig, TrainConfig
 from forecaster.forecaster import _hold_out_tail
 from forecaster.training import _WeightAverage, evaluate_loss, resolve_device
 from forecaster.validation import validate_long_frame
-from forecaster.windows import SeriesPanel
+from forecaster.windows import SeriesPanel, gather_windows
 from tests.forecaster.conftest import TINY_MODEL, TINY_TRAIN
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,6 +136,58 @@ def test_a_replay_retrains_along_the_kept_path(series):
     assert refit.train_result.kept_lr_factors == factors
     assert all(e.val_loss is None for e in refit.train_result.epochs)
     assert np.isfinite(refit.predict(series)["mean"]).all()
+
+
+def _band_coverage(model: Forecaster, series: pd.DataFrame) -> float:
+    """Share of the automatic validation windows' targets inside the 0.1-0.9 band."""
+    mc = model.model_config
+    panel = SeriesPanel.from_validated(validate_long_frame(series), mc)
+    _, val = _hold_out_tail(panel, mc.prediction_length)
+    batch = gather_windows(panel, val.origins, mc.context_length, mc.prediction_length)
+    with torch.inference_mode():
+        output, _ = model.model(batch.past_values, batch.past_observed_mask)
+    band = output.denormalize().quantiles
+    truth = batch.future_values
+    return float(((truth >= band[..., 0]) & (truth <= band[..., -1])).double().mean())
+
+
+def test_intervals_are_calibrated_on_the_validation_windows(series):
+    """The 0.1-0.9 band holds about 80 % of the validation targets: the scale chosen moves
+    its coverage to within one grid step of 80 %, from wherever training left it."""
+    model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN)).fit(series)
+    scale = model.train_result.interval_scale
+    assert model.model.interval_scale.item() == pytest.approx(scale)
+    calibrated = _band_coverage(model, series)
+    model.model.interval_scale.fill_(1.0)
+    raw = _band_coverage(model, series)
+    assert abs(calibrated - 0.8) <= abs(raw - 0.8)
+    assert abs(calibrated - 0.8) < 0.03, (raw, calibrated, scale)
+    # One step further either way would be further from 80 %.
+    for neighbour in (scale * 0.95, scale / 0.95):
+        model.model.interval_scale.fill_(neighbour)
+        assert abs(_band_coverage(model, series) - 0.8) >= abs(calibrated - 0.8) - 1e-12
+
+
+def test_the_scale_widens_every_quantile_around_the_point_forecast(series):
+    model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**{**TINY_TRAIN, "max_epochs": 1}))
+    model.fit(series)
+    model.model.interval_scale.fill_(1.0)
+    narrow = model.predict(series)
+    model.model.interval_scale.fill_(2.0)
+    wide = model.predict(series)
+    pd.testing.assert_series_equal(wide["mean"], narrow["mean"])
+    for column in ("q0.1", "q0.5", "q0.9"):
+        np.testing.assert_allclose(
+            wide[column] - wide["mean"], 2 * (narrow[column] - narrow["mean"]), rtol=1e-5, atol=1e-4
+        )
+
+
+def test_a_given_interval_scale_is_used_as_is(series):
+    """What a refit does: it has no held-out windows and keeps the evaluated run's scale."""
+    config = TrainConfig(**{**TINY_TRAIN, "replay_lr_factors": (1.0,), "interval_scale": 1.37})
+    model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
+    assert model.train_result.interval_scale == 1.37
+    assert model.model.interval_scale.item() == pytest.approx(1.37)
 
 
 def test_weight_average_follows_its_recursion_and_swaps_back():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from pipelines.cli import main
 from pipelines.registry import load_version, resolve_model
@@ -32,6 +33,11 @@ def test_the_promoted_configuration_is_refit_on_all_data_and_serves(tmp_path):
     assert 0 <= int(tags["train.epochs"]) <= settings.train_config_obj().max_epochs
     forecast = model.predict(frame)
     assert forecast["ds"].min() > frame["ds"].max()
+    # The refit has no held-out windows: its intervals keep the evaluated twin's calibration.
+    twin = load_version(result.version, tracking_uri=uri)
+    assert model.model.interval_scale.item() == twin.model.interval_scale.item()
+    run = client.get_run(client.get_model_version("forecaster", evaluated).run_id)
+    assert run.data.metrics["interval_scale"] == pytest.approx(twin.model.interval_scale.item())
 
 
 def test_refit_off_keeps_the_evaluated_version_as_champion(tmp_path, data_csv, capsys):

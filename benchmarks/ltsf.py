@@ -101,11 +101,17 @@ VARIANTS = {
 def _scores(forecaster: Forecaster, frame: pd.DataFrame) -> dict[str, float]:
     windows = forecaster.forecast_windows(frame)
     error = windows.mean - windows.target
-    return {
+    scores = {
         "mse": float(np.mean(error**2)),
         "mae": float(np.mean(np.abs(error))),
         "windows": len(windows.mean),
     }
+    if windows.quantiles is not None and windows.quantiles.shape[-1] >= 2:
+        # Share of the targets inside the band between the outer quantiles (0.8 is the aim
+        # of the default 0.1-0.9 band).
+        low, high = windows.quantiles[..., 0], windows.quantiles[..., -1]
+        scores["band_coverage"] = float(np.mean((windows.target >= low) & (windows.target <= high)))
+    return scores
 
 
 def run_one(
@@ -136,6 +142,11 @@ def run_one(
     train_seconds = time.perf_counter() - started
     val = _scores(forecaster, splits.val)
     test = _scores(forecaster, splits.test)
+    # The band as trained, before its calibration on the validation windows.
+    scale = forecaster.model.interval_scale.item()
+    forecaster.model.interval_scale.fill_(1.0)
+    uncalibrated = _scores(forecaster, splits.test).get("band_coverage")
+    forecaster.model.interval_scale.fill_(scale)
     n_vars = splits.test["unique_id"].nunique()
     assert test["windows"] == splits.n_test_windows * n_vars, "every test window must be scored"
     result = forecaster.train_result
@@ -160,6 +171,11 @@ def run_one(
         "train_losses": [round(e.train_loss, 5) for e in result.epochs],
         "val_losses": [None if e.val_loss is None else round(e.val_loss, 5) for e in result.epochs],
         "linear_start_ridge": result.linear_start_ridge,
+        # The intervals' calibration factor and the band's coverage of the targets.
+        "interval_scale": result.interval_scale,
+        "val_band_coverage": val.get("band_coverage"),
+        "test_band_coverage": test.get("band_coverage"),
+        "test_band_coverage_uncalibrated": uncalibrated,
         "patch_length": forecaster.model_config.patch_length,
         "parameters": sum(p.numel() for p in forecaster.model.parameters()),
         "device": result.device

@@ -45,3 +45,14 @@ def test_run_reports_the_learning_curve_and_scores_every_test_window(wide_csv):
     assert min(result["val_losses"] + [result["initial_val_loss"]]) == pytest.approx(
         result["best_val_loss"], rel=1e-4
     )
+
+
+def test_run_reports_the_band_before_and_after_its_calibration(wide_csv):
+    with_band = {**TINY, "model": {**TINY["model"], "quantiles": (0.1, 0.5, 0.9)}}
+    result = ltsf.run_one(wide_csv, 24, 48, seed=0, device="cpu", overrides=with_band)
+    # The band is calibrated to hold 80 % of the validation targets (one 5 % step of the
+    # factor moves it by a few points on this small set).
+    assert abs(result["val_band_coverage"] - 0.8) < 0.05
+    assert result["interval_scale"] != 1
+    widened = result["interval_scale"] > 1
+    assert (result["test_band_coverage"] > result["test_band_coverage_uncalibrated"]) == widened

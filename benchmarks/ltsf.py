@@ -32,6 +32,7 @@ from sklearn.preprocessing import StandardScaler
 from benchmarks.overrides import add_set_option, overrides_of
 from forecaster import Forecaster, ModelConfig, TrainConfig
 from forecaster.data import wide_to_long
+from forecaster.metrics import coverage
 
 HORIZONS = (96, 192, 336, 720)
 # Published test MSE on ETTh1 for reference (see README for sources).
@@ -110,7 +111,7 @@ def _scores(forecaster: Forecaster, frame: pd.DataFrame) -> dict[str, float]:
         # Share of the targets inside the band between the outer quantiles (0.8 is the aim
         # of the default 0.1-0.9 band).
         low, high = windows.quantiles[..., 0], windows.quantiles[..., -1]
-        scores["band_coverage"] = float(np.mean((windows.target >= low) & (windows.target <= high)))
+        scores["band_coverage"] = coverage(windows.target, low, high)
     return scores
 
 

@@ -52,7 +52,7 @@ from benchmarks.overrides import add_set_option, overrides_of
 from forecaster import Forecaster, ModelConfig, TrainConfig
 from forecaster.baselines import SeasonalNaive
 from forecaster.data import quantile_column
-from forecaster.metrics import mase_scale, smape
+from forecaster.metrics import coverage, mase_scale, smape
 
 HORIZON = 48
 SEASON = 24
@@ -262,6 +262,7 @@ def run_ours(split: Split, seed: int, overrides: dict) -> tuple[Forecaster, np.n
             "initial_val_loss": r.initial_val_loss,
             "best_val_loss": r.best_val_loss,
             "linear_start_ridge": r.linear_start_ridge,
+            "interval_scale": r.interval_scale,
             "patch_length": forecaster.model_config.patch_length,
             "parameters": sum(p.numel() for p in forecaster.model.parameters()),
             **calibration(split, predicted, forecaster.quantiles),
@@ -276,8 +277,7 @@ def calibration(split: Split, predicted: pd.DataFrame, levels: tuple[float, ...]
     out: dict = {"share_below": {str(q): float(np.mean(split.truth < b)) for q, b in bands.items()}}
     if len(levels) >= 2:
         low, high = bands[levels[0]], bands[levels[-1]]
-        inside = (split.truth >= low) & (split.truth <= high)
-        out["band_coverage"] = {f"{levels[0]}-{levels[-1]}": float(inside.mean())}
+        out["band_coverage"] = {f"{levels[0]}-{levels[-1]}": coverage(split.truth, low, high)}
     return out
 
 

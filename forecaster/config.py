@@ -192,13 +192,15 @@ class TrainConfig:
     patience: int = 1
     # Refit: one epoch per factor at learning_rate x factor on every window, with no
     # validation, early stopping or restores (a factor change starts fresh AdamW moments, as a
-    # restore does). An evaluated run's TrainResult.kept_lr_factors replays the path that led
-    # to its best weights, so a model refit on all data trains as far as validation said.
-    replay_lr_factors: tuple[float, ...] = ()
+    # restore does); an empty tuple is the linear start alone, fitted on every window. An
+    # evaluated run's TrainResult.kept_lr_factors replays the path that led to its best
+    # weights, so a model refit on all data trains as far as validation said. None: not a refit.
+    replay_lr_factors: tuple[float, ...] | None = None
     # Factor on the quantiles' offsets from the point forecast. None: after training, the one
-    # (of a grid from 0.5 to 2) with the lowest pinball loss on the validation windows, or 1
-    # without them; a refit replays the evaluated run's (TrainResult.interval_scale). On M4
-    # Hourly the band is narrow on unseen windows without it (README, design).
+    # (of a grid from 0.5 to 2) under which the band between the outer quantiles holds its
+    # nominal share of the validation targets (0.8 for 0.1-0.9), or 1 without them; a refit
+    # replays the evaluated run's (TrainResult.interval_scale). On M4 Hourly the band is
+    # narrow on unseen windows without it (README, design).
     interval_scale: float | None = None
     # Global gradient-norm clip; 0 disables clipping.
     grad_clip: float = 1.0
@@ -271,14 +273,15 @@ class TrainConfig:
         )
         _check(self.max_val_windows >= 0, "max_val_windows", ">= 0", self.max_val_windows)
         _check(self.predict_batch_size >= 1, "predict_batch_size", ">= 1", self.predict_batch_size)
-        factors = tuple(float(f) for f in self.replay_lr_factors)
-        _check(
-            all(math.isfinite(f) and f > 0 for f in factors),
-            "replay_lr_factors",
-            "positive finite factors",
-            self.replay_lr_factors,
-        )
-        object.__setattr__(self, "replay_lr_factors", factors)
+        if self.replay_lr_factors is not None:
+            factors = tuple(float(f) for f in self.replay_lr_factors)
+            _check(
+                all(math.isfinite(f) and f > 0 for f in factors),
+                "replay_lr_factors",
+                "None or positive finite factors",
+                self.replay_lr_factors,
+            )
+            object.__setattr__(self, "replay_lr_factors", factors)
 
 
 def config_to_dict(config: ModelConfig | TrainConfig) -> dict[str, Any]:

@@ -182,7 +182,7 @@ class Forecaster:
             )
         panel = SeriesPanel.from_validated(train, mc)
         h = mc.prediction_length
-        if self.train_config.replay_lr_factors:
+        if self.train_config.replay_lr_factors is not None:
             train_set, val = WindowSet(panel, panel.window_origins(h)), None
         elif val_df is not None:
             val_panel = SeriesPanel.from_validated(

@@ -406,13 +406,14 @@ def train_model(
     optimizer = torch.optim.AdamW(groups, lr=config.learning_rate)
     lr_factor, decays, stale, step = 1.0, 0, 0, 0
     replay = config.replay_lr_factors
+    is_replay = replay is not None
     path: list[float] = []  # lr factor of each epoch the current weights went through
     best_path = 0  # len(path) when the best weights were taken
     started = time.perf_counter()
     stopped_early = False
-    for epoch in range(1, (len(replay) if replay else config.max_epochs) + 1):
+    for epoch in range(1, (len(replay) if is_replay else config.max_epochs) + 1):
         epoch_started = time.perf_counter()
-        if replay:
+        if is_replay:
             if epoch > 1 and replay[epoch - 1] != lr_factor:  # as after a restore
                 optimizer = torch.optim.AdamW(groups, lr=config.learning_rate)
             lr_factor = replay[epoch - 1]
@@ -464,10 +465,10 @@ def train_model(
         with average.applied() if average is not None else nullcontext():
             val_loss = evaluate() if has_val else None
             monitored = val_loss if val_loss is not None else train_loss
-            is_best = monitored < best_loss or bool(replay)  # a replay keeps every epoch
+            is_best = monitored < best_loss or is_replay  # a replay keeps every epoch
             if is_best:
                 best_loss, best_epoch, stale, best_path = monitored, epoch, 0, len(path)
-                if not replay:  # the replay's last weights are its result: no copies needed
+                if not is_replay:  # the replay's last weights are its result: no copies needed
                     best_state = _snapshot(model)
         if not is_best:
             stale += 1
@@ -492,7 +493,7 @@ def train_model(
             )
             for callback in callbacks:
                 callback(history[-1])
-        if stale >= config.patience and not replay:
+        if stale >= config.patience and not is_replay:
             if decays >= config.max_lr_decays:
                 stopped_early = True
                 break
@@ -505,7 +506,7 @@ def train_model(
             del path[best_path:]
             optimizer = torch.optim.AdamW(groups, lr=config.learning_rate * lr_factor)
 
-    if not (replay and best_epoch):
+    if not (is_replay and best_epoch):
         model.load_state_dict(best_state)
     elif average is not None:
         average.copy_to_model()
@@ -549,6 +550,31 @@ def _mean_across_ranks(value: float, world: _Distributed, device: torch.device) 
     return float(tensor.item() / world.world_size)
 
 
+def _forecast_batches(
+    model: PatchTransformer,
+    windows: WindowSet,
+    config: TrainConfig,
+    device: torch.device,
+    world: _Distributed,
+) -> Iterator[tuple[WindowBatch, NormalizedOutput]]:
+    """This rank's share of `windows`, forecast in eval mode, one predict batch at a time."""
+    mc = model.config
+    model.eval()
+    shard = windows.origins[world.rank :: world.world_size]
+    for begin in range(0, len(shard), config.predict_batch_size):
+        chunk = shard[begin : begin + config.predict_batch_size]
+        batch = gather_windows(windows.panel, chunk, mc.context_length, mc.prediction_length).to(
+            device
+        )
+        output, _ = model(
+            batch.past_values,
+            batch.past_observed_mask,
+            batch.past_covariates,
+            batch.future_covariates,
+        )
+        yield batch, _float(output)
+
+
 @torch.inference_mode()
 def evaluate_loss(
     model: PatchTransformer,
@@ -564,22 +590,9 @@ def evaluate_loss(
     getting worse.
     """
     world = world or _Distributed()
-    mc = model.config
-    model.eval()
-    shard = windows.origins[world.rank :: world.world_size]
     total = torch.zeros(2, dtype=torch.float64, device=device)  # weighted loss sum, weight sum
-    for begin in range(0, len(shard), config.predict_batch_size):
-        chunk = shard[begin : begin + config.predict_batch_size]
-        batch = gather_windows(windows.panel, chunk, mc.context_length, mc.prediction_length).to(
-            device
-        )
-        output, _ = model(
-            batch.past_values,
-            batch.past_observed_mask,
-            batch.past_covariates,
-            batch.future_covariates,
-        )
-        _, loss = window_loss(_float(output), batch, mc)
+    for batch, output in _forecast_batches(model, windows, config, device, world):
+        _, loss = window_loss(output, batch, model.config)
         weight = batch.future_observed_mask.sum()
         total[0] += loss.double() * weight
         total[1] += weight
@@ -598,7 +611,8 @@ def calibrate_intervals(
 ) -> float:
     """The factor of INTERVAL_SCALES on the quantiles' offsets from the point forecast under
     which the band between the lowest and the highest quantile holds the share of the observed
-    targets of `windows` it is meant to hold (0.8 for 0.1-0.9); 1 with fewer than two levels.
+    targets of `windows` it is meant to hold (0.8 for 0.1-0.9); 1 with fewer than two levels
+    or no observed target.
 
     Intervals learned on the training windows come out narrow on windows the model has not
     seen, where its errors are larger; one factor chosen on held-out windows corrects that (split
@@ -608,21 +622,9 @@ def calibrate_intervals(
     mc = model.config
     if len(mc.quantiles) < 2:
         return 1.0
-    model.eval()
     scales = torch.tensor(INTERVAL_SCALES, dtype=torch.float64, device=device)  # (G,)
     inside = torch.zeros(len(scales) + 1, dtype=torch.float64, device=device)  # counts, total
-    shard = windows.origins[world.rank :: world.world_size]
-    for begin in range(0, len(shard), config.predict_batch_size):
-        chunk = shard[begin : begin + config.predict_batch_size]
-        batch = gather_windows(windows.panel, chunk, mc.context_length, mc.prediction_length).to(
-            device
-        )
-        output, _ = model(
-            batch.past_values,
-            batch.past_observed_mask,
-            batch.past_covariates,
-            batch.future_covariates,
-        )
+    for batch, output in _forecast_batches(model, windows, config, device, world):
         assert output.quantiles is not None, "calibrating a model without quantiles"
         mean = output.mean.double()  # (B, H)
         error = _normalized_target(batch, output.stats).double() - mean  # (B, H)
@@ -635,6 +637,8 @@ def calibrate_intervals(
         inside[-1] += observed.sum()
     if world.enabled:
         dist.all_reduce(inside)
-    coverage = inside[:-1] / inside[-1].clamp(min=1)
+    if inside[-1] == 0:
+        return 1.0
+    coverage = inside[:-1] / inside[-1]
     nominal = mc.quantiles[-1] - mc.quantiles[0]
     return INTERVAL_SCALES[int(torch.argmin((coverage - nominal).abs()))]

@@ -45,8 +45,9 @@ def refit(
     model = evaluated.forecaster
     result = model.train_result
     factors = result.kept_lr_factors if result else ()
-    # The evaluated run kept epoch 0 (the linear start) when no epoch was kept. Its intervals'
-    # calibration is kept too: the refit has no held-out windows to calibrate on.
+    # The evaluated run kept epoch 0 (the linear start) when no epoch was kept: replaying no
+    # epoch fits the linear start alone, on every window. The intervals' calibration is
+    # replayed too: a refit holds no windows out to calibrate on.
     replay = dataclasses.replace(
         model.train_config,
         replay_lr_factors=factors,

@@ -13,7 +13,12 @@ from safetensors.torch import load_file
 
 from forecaster import EpochLog, Forecaster, ModelConfig, TrainConfig
 from forecaster.forecaster import _hold_out_tail
-from forecaster.training import _WeightAverage, evaluate_loss, resolve_device
+from forecaster.training import (
+    _WeightAverage,
+    calibrate_intervals,
+    evaluate_loss,
+    resolve_device,
+)
 from forecaster.validation import validate_long_frame
 from forecaster.windows import SeriesPanel, gather_windows
 from tests.forecaster.conftest import TINY_MODEL, TINY_TRAIN
@@ -151,21 +156,60 @@ def _band_coverage(model: Forecaster, series: pd.DataFrame) -> float:
     return float(((truth >= band[..., 0]) & (truth <= band[..., -1])).double().mean())
 
 
-def test_intervals_are_calibrated_on_the_validation_windows(series):
-    """The 0.1-0.9 band holds about 80 % of the validation targets: the scale chosen moves
-    its coverage to within one grid step of 80 %, from wherever training left it."""
+def test_a_narrow_band_is_widened_until_it_holds_80_percent(series):
+    """The 0.1-0.9 band of a model whose intervals were learned too narrow (halved here) is
+    widened until it holds 80 % of the validation targets, within one grid step."""
     model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN)).fit(series)
-    scale = model.train_result.interval_scale
-    assert model.model.interval_scale.item() == pytest.approx(scale)
-    calibrated = _band_coverage(model, series)
+    with torch.no_grad():
+        model.model.quantile_head.weight.mul_(0.5)
+        model.model.quantile_head.bias.mul_(0.5)
     model.model.interval_scale.fill_(1.0)
     raw = _band_coverage(model, series)
-    assert abs(calibrated - 0.8) <= abs(raw - 0.8)
+    mc = model.model_config
+    panel = SeriesPanel.from_validated(validate_long_frame(series), mc)
+    _, val = _hold_out_tail(panel, mc.prediction_length)
+    scale = calibrate_intervals(model.model, val, model.train_config, torch.device("cpu"))
+    model.model.interval_scale.fill_(scale)
+    calibrated = _band_coverage(model, series)
+    assert raw < 0.7 and scale > 1.5, (raw, scale)
     assert abs(calibrated - 0.8) < 0.03, (raw, calibrated, scale)
     # One step further either way would be further from 80 %.
     for neighbour in (scale * 0.95, scale / 0.95):
         model.model.interval_scale.fill_(neighbour)
         assert abs(_band_coverage(model, series) - 0.8) >= abs(calibrated - 0.8) - 1e-12
+
+
+def test_fit_widens_a_band_that_is_narrow_on_the_held_out_tail(series):
+    """The held-out tail is noisier than the training windows (a change of regime): fit
+    widens the band learned on the training windows until it holds 80 % of the tail."""
+    rng = np.random.default_rng(0)
+    tail = series.groupby("unique_id").cumcount(ascending=False) < 50
+    spread = series.groupby("unique_id")["y"].transform("std")
+    noisy = series.assign(y=series["y"] + tail * rng.normal(0, 0.3, len(series)) * spread)
+    model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN)).fit(noisy)
+    scale = model.train_result.interval_scale
+    assert scale > 1.2
+    assert model.model.interval_scale.item() == pytest.approx(scale)
+    assert abs(_band_coverage(model, noisy) - 0.8) < 0.03
+
+
+def test_validation_windows_without_an_observed_target_leave_the_scale_at_1(series):
+    """No evidence, no calibration: a held-out tail that is all missing keeps the band."""
+    tail = series.groupby("unique_id").cumcount(ascending=False) < 50
+    gappy = series.assign(y=series["y"].where(~tail))
+    model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN)).fit(gappy)
+    assert model.train_result.n_val_windows > 0
+    assert model.train_result.interval_scale == 1.0
+
+
+def test_a_refit_of_the_linear_start_fits_it_on_every_window(series):
+    """Replaying no epoch (the evaluated run kept its linear start) holds nothing out."""
+    config = TrainConfig(**{**TINY_TRAIN, "replay_lr_factors": ()})
+    model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
+    evaluated = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN)).fit(series)
+    result = model.train_result
+    assert result.epochs == [] and result.n_val_windows == 0
+    assert result.n_train_windows > evaluated.train_result.n_train_windows
 
 
 def test_the_scale_widens_every_quantile_around_the_point_forecast(series):

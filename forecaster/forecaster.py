@@ -463,7 +463,7 @@ class Forecaster:
             WEIGHTS_FILE: lambda target: save_file(state, target),
             CONFIG_FILE: lambda target: target.write_text(json.dumps(meta, indent=2)),
             REFERENCE_FILE: lambda target: target.write_text(
-                json.dumps({"mean": reference.tolist()})
+                json.dumps({name: values.tolist() for name, values in reference.items()})
             ),
         }
         for name, write in writes.items():
@@ -503,25 +503,34 @@ class Forecaster:
         forecaster.model = model.to(forecaster.device).eval()
         reference_file = path / REFERENCE_FILE
         if verify and reference_file.is_file():
-            expected = np.asarray(json.loads(reference_file.read_text())["mean"])
-            forecaster.check_reference(expected, str(path))
+            saved = json.loads(reference_file.read_text())
+            forecaster.check_reference({k: np.asarray(v) for k, v in saved.items()}, str(path))
         return forecaster
 
-    def check_reference(self, expected: np.ndarray, where: str) -> None:
-        """Raise `ModelCodeMismatchError` unless this code reproduces `expected` (S, H)."""
+    def check_reference(self, expected: Mapping[str, np.ndarray], where: str) -> None:
+        """Raise `ModelCodeMismatchError` unless this code reproduces each `expected` forecast
+        (`mean` (S, H), and `quantiles` (S, H, Q) in models saved since the intervals are
+        calibrated)."""
         got = self._reference_forecast()
-        scale = 1.0 + float(np.abs(expected).max())
-        deviation = float(np.abs(got - expected).max()) if got.shape == expected.shape else np.inf
-        if not deviation <= REFERENCE_TOLERANCE * scale:
-            raise ModelCodeMismatchError(
-                f"{where}: this code does not reproduce the model's reference forecast (largest "
-                f"difference {deviation:.3g}, allowed {REFERENCE_TOLERANCE * scale:.3g}); it "
-                "was saved by code that forecasts differently: serve it with that code version "
-                "or retrain it with this one"
+        for name, values in expected.items():
+            scale = 1.0 + float(np.abs(values).max(initial=0.0))
+            mine = got.get(name)
+            deviation = (
+                float(np.abs(mine - values).max(initial=0.0))
+                if mine is not None and mine.shape == values.shape
+                else np.inf
             )
+            if not deviation <= REFERENCE_TOLERANCE * scale:
+                raise ModelCodeMismatchError(
+                    f"{where}: this code does not reproduce the model's reference forecast "
+                    f"({name}: largest difference {deviation:.3g}, allowed "
+                    f"{REFERENCE_TOLERANCE * scale:.3g}); it was saved by code that forecasts "
+                    "differently: serve it with that code version or retrain it with this one"
+                )
 
-    def _reference_forecast(self) -> np.ndarray:
-        """(2, H) mean forecast of two fixed synthetic histories (covariates 0)."""
+    def _reference_forecast(self) -> dict[str, np.ndarray]:
+        """Mean (2, H) and quantile (2, H, Q) forecasts of two fixed synthetic histories
+        (covariates 0)."""
         mc = self.model_config
         n = mc.context_length
         freq = self.freq or "h"
@@ -543,7 +552,8 @@ class Forecaster:
                 "ds": np.tile(future_ds, 2),
                 **{name: np.zeros(2 * mc.prediction_length) for name in mc.covariates},
             }
-        return self.forecast(self.prepare(history, future)).mean
+        forecast = self.forecast(self.prepare(history, future))
+        return {"mean": forecast.mean, "quantiles": forecast.quantiles}
 
     # -- internals ------------------------------------------------------------------------
     def _inference_model(self) -> torch.nn.Module:

@@ -72,6 +72,25 @@ def test_code_that_forecasts_differently_refuses_the_model(fitted, tmp_path, mon
     assert Forecaster.load(tmp_path / "model", verify=False).is_fitted
 
 
+def test_code_whose_intervals_differ_refuses_the_model(fitted, tmp_path, monkeypatch):
+    """The quantiles are replayed too, so a change of the interval path alone is caught; a
+    reference saved before quantiles were kept (mean only) still verifies the mean."""
+    fitted.save(tmp_path / "model")
+    original = Forecaster._forward
+
+    def wider(self, *args):
+        output = original(self, *args)
+        mean = output.mean.unsqueeze(-1)
+        return type(output)(output.mean, mean + 1.1 * (output.quantiles - mean))
+
+    monkeypatch.setattr(Forecaster, "_forward", wider)
+    with pytest.raises(ModelCodeMismatchError, match="quantiles: largest difference"):
+        Forecaster.load(tmp_path / "model")
+    reference = tmp_path / "model" / "reference.json"
+    reference.write_text(json.dumps({"mean": json.loads(reference.read_text())["mean"]}))
+    assert Forecaster.load(tmp_path / "model").is_fitted
+
+
 def test_save_load_predicts_bit_identically(fitted, series, tmp_path):
     fitted.save(tmp_path / "model")
     assert sorted(p.name for p in (tmp_path / "model").iterdir()) == [
@@ -124,6 +143,8 @@ def test_the_interval_scale_is_saved_and_a_model_saved_before_it_loads(series, t
     weights = load_file(weights_file)
     del weights["interval_scale"]
     save_file(weights, weights_file)
+    reference = tmp_path / "model" / "reference.json"  # which held the mean only
+    reference.write_text(json.dumps({"mean": json.loads(reference.read_text())["mean"]}))
     older = Forecaster.load(tmp_path / "model")
     model.model.interval_scale.fill_(1.0)
     pd.testing.assert_frame_equal(older.predict(series), model.predict(series), check_exact=True)

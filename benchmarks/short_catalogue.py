@@ -39,7 +39,8 @@ import pandas as pd
 
 from benchmarks.overrides import add_set_option, overrides_of
 from forecaster import Forecaster, ModelConfig, TrainConfig
-from forecaster.metrics import mase_scale, smape
+from forecaster.data import quantile_column
+from forecaster.metrics import coverage, mase_scale, smape
 
 HORIZON = 6
 N_SERIES = 600
@@ -148,6 +149,17 @@ def _by_series(forecast: pd.DataFrame, column: str, order: np.ndarray) -> np.nda
     return forecast.pivot(index="unique_id", columns="ds", values=column).loc[order].to_numpy()
 
 
+def _band_coverage(
+    series: list[np.ndarray], forecast: pd.DataFrame, order: np.ndarray, levels: tuple[float, ...]
+) -> dict[str, float]:
+    """Share of the held-out points inside the band between the outer quantiles."""
+    if len(levels) < 2:
+        return {}
+    low, high = (_by_series(forecast, quantile_column(q), order) for q in (levels[0], levels[-1]))
+    actual = np.stack([y[-low.shape[1] :] for y in series])
+    return {"band_coverage": coverage(actual, low, high)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -190,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
             "initial_val_loss": result.initial_val_loss,
             "best_val_loss": result.best_val_loss,
             "linear_start_ridge": result.linear_start_ridge,
+            "interval_scale": result.interval_scale,
+            **_band_coverage(series, forecast, order, forecaster.quantiles),
             "context_length": forecaster.model_config.context_length,
             "patch_length": forecaster.model_config.patch_length,
         }

@@ -31,6 +31,7 @@ def test_tiny_run_beats_naive(tmp_path, capsys):
     assert set(rows) == {"naive", "drift", "ours (seed 0)"}
     assert np.isfinite(rows["ours (seed 0)"]["mase"])
     assert rows["ours (seed 0)"]["mase"] < rows["naive"]["mase"]
+    assert 0 < rows["ours (seed 0)"]["band_coverage"] < 1  # the band's share of the holdout
     assert "| ours (seed 0) |" in capsys.readouterr().out
 
 

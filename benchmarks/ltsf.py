@@ -29,6 +29,7 @@ import pandas as pd
 import torch
 from sklearn.preprocessing import StandardScaler
 
+from benchmarks.attention import PARTS, attention_summary, uniform_attention
 from benchmarks.overrides import add_set_option, overrides_of
 from forecaster import Forecaster, ModelConfig, TrainConfig
 from forecaster.data import wide_to_long
@@ -115,6 +116,23 @@ def _scores(forecaster: Forecaster, frame: pd.DataFrame) -> dict[str, float]:
     return scores
 
 
+def attention_earned(forecaster: Forecaster, frame: pd.DataFrame, n_origins: int = 12) -> dict:
+    """Validation MSE and MAE with each kind of attention made uniform (benchmarks.attention),
+    and how peaked the learned attention is, averaged over `n_origins` forecast origins spread
+    over `frame`."""
+    earned = {}
+    for part in PARTS:
+        with uniform_attention(forecaster.model, part):
+            scores = _scores(forecaster, frame)
+        earned[f"uniform {part}"] = {"val_mse": scores["mse"], "val_mae": scores["mae"]}
+    times = np.sort(frame["ds"].unique())
+    first, last = forecaster.context_length - 1, len(times) - 1
+    origins = times[np.linspace(first, last, n_origins).round().astype(int)]
+    summaries = [attention_summary(forecaster.attention(frame[frame["ds"] <= t])) for t in origins]
+    earned["summary"] = {k: float(np.mean([s[k] for s in summaries])) for k in summaries[0]}
+    return earned
+
+
 def run_one(
     data: Path,
     horizon: int,
@@ -123,6 +141,7 @@ def run_one(
     device: str,
     overrides: dict,
     variant: str = "full",
+    attention: bool = False,
 ) -> dict[str, object]:
     splits = load_splits(data, lookback, horizon)
     model_extra, train_extra = VARIANTS[variant]
@@ -151,6 +170,10 @@ def run_one(
     n_vars = splits.test["unique_id"].nunique()
     assert test["windows"] == splits.n_test_windows * n_vars, "every test window must be scored"
     result = forecaster.train_result
+    earned = None
+    # The linear start alone never trains its attention: nothing to measure.
+    if attention and variant != "linear start alone":
+        earned = attention_earned(forecaster, splits.val)
     return {
         "dataset": data.stem,
         "variant": variant,
@@ -179,6 +202,8 @@ def run_one(
         "test_band_coverage_uncalibrated": uncalibrated,
         "patch_length": forecaster.model_config.patch_length,
         "parameters": sum(p.numel() for p in forecaster.model.parameters()),
+        # With --attention: validation scores with each kind of attention made uniform.
+        "attention": earned,
         "device": result.device
         if result.device != "cpu"
         else f"cpu ({torch.get_num_threads()} threads, {platform.processor() or platform.machine()})",
@@ -226,6 +251,30 @@ def print_table(results: list[dict[str, object]]) -> None:
             for variant in variants:
                 print(row(variant, [r for r in results if r["variant"] == variant], key))
             print()
+    earned = [r for r in results if r.get("attention")]
+    if earned:
+        print("What attention earns: validation MSE / MAE, learned and with one kind made uniform")
+        print(
+            "| variant | horizon | seed | learned | "
+            + " | ".join(f"uniform {p}" for p in PARTS)
+            + " | entropy / uniform (enc, dec, cross) | cross rows apart |"
+        )
+        print("|---" * (len(PARTS) + 6) + "|")
+        for r in earned:
+            a = r["attention"]
+            cells = [
+                f"{a[f'uniform {p}']['val_mse']:.4f} / {a[f'uniform {p}']['val_mae']:.4f}"
+                for p in PARTS
+            ]
+            s = a["summary"]
+            print(
+                f"| {r['variant']} | {r['horizon']} | {r['seed']} "
+                f"| {r['val_mse']:.4f} / {r['val_mae']:.4f} | "
+                + " | ".join(cells)
+                + f" | {s['encoder_entropy']:.2f}, {s['decoder_self_entropy']:.2f}, "
+                f"{s['cross_entropy']:.2f} | {s['cross_row_distance']:.2f} |"
+            )
+        print()
     print(
         "| variant | horizon | seed | test MSE | test MAE | val MSE | val loss: start -> best "
         "| epochs (best) | train s | parameters | device |"
@@ -265,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also train the linear start alone and the Transformer alone (validation table)",
     )
+    parser.add_argument(
+        "--attention",
+        action="store_true",
+        help="also score validation with each kind of attention made uniform (what it earns)",
+    )
     add_set_option(parser)
     args = parser.parse_args(argv)
     if not args.data.is_file():
@@ -278,7 +332,14 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             for variant in variants:
                 result = run_one(
-                    args.data, horizon, args.lookback, seed, args.device, overrides, variant
+                    args.data,
+                    horizon,
+                    args.lookback,
+                    seed,
+                    args.device,
+                    overrides,
+                    variant,
+                    attention=args.attention,
                 )
                 print(json.dumps(result), file=sys.stderr, flush=True)
                 results.append(result)

@@ -23,6 +23,9 @@ at forecast time to every history (5 % of points missing, the last day, one day 
 the last three days), beside seasonal naive on the same damaged histories: what a live feed's
 outage costs a model trained on clean data.
 
+`--attention` scores each fitted model once more with each kind of its attention made uniform
+(`benchmarks.attention`): what attention earns on the held-out points, and how peaked it is.
+
 Peers run in the same command when the optional extra is installed (`pip install -e
 ".[peers]"`, best in its own virtual environment: statsforecast needs pandas < 3): NeuralForecast's
 NHITS and PatchTST with their documented defaults (input_size 7 * H, max_steps 1000,
@@ -48,6 +51,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from benchmarks.attention import PARTS, attention_summary, uniform_attention
 from benchmarks.overrides import add_set_option, overrides_of
 from forecaster import Forecaster, ModelConfig, TrainConfig
 from forecaster.baselines import SeasonalNaive
@@ -363,6 +367,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also score each fitted model on histories with outages at forecast time",
     )
+    parser.add_argument(
+        "--attention",
+        action="store_true",
+        help="also score each fitted model with each kind of attention made uniform",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     add_set_option(parser)
     args = parser.parse_args(argv)
@@ -395,7 +404,12 @@ def main(argv: list[str] | None = None) -> int:
     damaged = {p: with_gaps(split, p) for p in GAP_PATTERNS} if args.gap_patterns else {}
     for seed in [] if args.no_ours else args.seeds:
         forecaster, forecast, info = run_ours(split, seed, overrides)
+        if args.attention:
+            info["attention"] = attention_summary(forecaster.attention(long_frame(split)))
         add(f"ours (seed {seed})", forecast, info["train_seconds"], seed=seed, **info)
+        for part in PARTS if args.attention else ():
+            with uniform_attention(forecaster.model, part):
+                add(f"ours (seed {seed}), uniform {part}", predict_ours(forecaster, split), None)
         for pattern, gappy in damaged.items():
             add(f"ours (seed {seed}), {pattern}", predict_ours(forecaster, gappy), None, gappy)
     for pattern, gappy in damaged.items():

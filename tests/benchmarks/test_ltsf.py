@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from benchmarks import ltsf
+from benchmarks.attention import PARTS
 
 TINY = {
     "model": {"d_model": 8, "n_heads": 2, "d_ff": 16, "n_encoder_layers": 1, "quantiles": ()},
@@ -56,3 +57,12 @@ def test_run_reports_the_band_before_and_after_its_calibration(wide_csv):
     assert result["interval_scale"] != 1
     widened = result["interval_scale"] > 1
     assert (result["test_band_coverage"] > result["test_band_coverage_uncalibrated"]) == widened
+
+
+def test_run_scores_validation_with_each_kind_of_attention_uniform(wide_csv):
+    result = ltsf.run_one(wide_csv, 24, 48, seed=0, device="cpu", overrides=TINY, attention=True)
+    earned = result["attention"]
+    for part in PARTS:
+        assert np.isfinite(earned[f"uniform {part}"]["val_mae"])
+    assert 0 < earned["summary"]["encoder_entropy"] <= 1
+    assert ltsf.run_one(wide_csv, 24, 48, seed=0, device="cpu", overrides=TINY)["attention"] is None

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from benchmarks import m4
+from benchmarks.attention import PARTS
 
 
 @pytest.fixture()
@@ -104,3 +105,15 @@ def test_calibration_counts_the_truth_below_each_quantile_and_inside_the_band():
     got = m4.calibration(split, predicted, (0.1, 0.5, 0.9))
     assert got["share_below"] == {"0.1": 5 / 48, "0.5": 24 / 48, "0.9": 44 / 48}
     assert got["band_coverage"] == {"0.1-0.9": 39 / 48}
+
+
+def test_cli_scores_the_model_again_with_each_kind_of_attention_uniform(wide_csv, tmp_path):
+    out = tmp_path / "m4.json"
+    settings = ["model.context_length=48", "train.max_epochs=1", "train.progress=false"]
+    args = ["--data", str(wide_csv), "--no-peers", "--attention", "--json", str(out)]
+    assert m4.main(args + [a for s in settings for a in ("--set", s)]) == 0
+    rows = {r["model"]: r for r in json.loads(out.read_text())["results"]}
+    for part in PARTS:
+        assert np.isfinite(rows[f"ours (seed 0), uniform {part}"]["owa"])
+    summary = rows["ours (seed 0)"]["attention"]
+    assert 0 < summary["cross_entropy"] <= 1

@@ -1,0 +1,85 @@
+"""What attention earns: forecasts with one kind of attention made uniform, and how peaked the
+learned attention is.
+
+Zeroing a layer's queries makes every score equal, so each query averages the values of all
+the keys it may attend to (padding masks and causality still apply). The layer keeps its
+projections, its feed-forward network and its residual path; it loses only its choice of
+where to look. The gap between the learned and the uniform forecasts, on windows the model
+was not trained on, is what that choice earns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from forecaster.attention import MultiHeadAttention
+from forecaster.model import PatchTransformer
+from forecaster.outputs import AttentionMaps
+
+PARTS = ("encoder self-attention", "decoder self-attention", "cross-attention")
+
+
+def _layers(model: PatchTransformer, part: str) -> list[MultiHeadAttention]:
+    if part == "encoder self-attention":
+        return [block.self_attention for block in model.encoder.layers]
+    if part == "decoder self-attention":
+        return [block.self_attention for block in model.decoder.layers]
+    if part == "cross-attention":
+        return [block.cross_attention for block in model.decoder.layers]
+    raise ValueError(f"part: expected one of {PARTS}, got {part!r}")
+
+
+@contextmanager
+def uniform_attention(model: PatchTransformer, part: str) -> Iterator[None]:
+    """Within the block, every layer of `part` (one of PARTS) attends uniformly."""
+
+    def zero_queries(_module: torch.nn.Module, _inputs: object, output: torch.Tensor):
+        return torch.zeros_like(output)
+
+    handles = [m.query_proj.register_forward_hook(zero_queries) for m in _layers(model, part)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _entropy_ratio(weights: np.ndarray) -> float:
+    """Mean entropy of the attention rows over the entropy of a uniform row over the same keys
+    (1: uniform, 0: one key each); a key of weight 0 counts as masked, and rows with a single
+    key are left out (NaN when no row has two keys). weights (..., queries, keys)."""
+    allowed = (weights > 0).sum(axis=-1)
+    keep = allowed > 1
+    if not keep.any():
+        return math.nan
+    safe = np.where(weights > 0, weights, 1.0)
+    entropy = -(weights * np.log(safe)).sum(axis=-1)
+    return float((entropy[keep] / np.log(allowed[keep])).mean())
+
+
+def attention_summary(maps: AttentionMaps) -> dict[str, float]:
+    """How far the learned attention is from uniform, per kind (last layer of each stack).
+
+    - `*_entropy`: the entropy ratio of `_entropy_ratio` (1 means uniform);
+    - `cross_row_distance`: the mean total-variation distance between the cross-attention rows
+      of two horizon tokens of the same series and head (0: every horizon token looks at the
+      context the same way; NaN with a single horizon token).
+    """
+    cross = maps.cross[-1]  # (S, heads, M, N)
+    rows = cross[:, :, :, None, :] - cross[:, :, None, :, :]  # (S, heads, M, M, N)
+    n_tokens = cross.shape[2]
+    pairs = n_tokens * (n_tokens - 1)
+    distance = math.nan
+    if pairs:
+        distance = float((0.5 * np.abs(rows).sum(axis=-1).sum(axis=(-1, -2)) / pairs).mean())
+    return {
+        "encoder_entropy": _entropy_ratio(maps.encoder[-1]),
+        "decoder_self_entropy": _entropy_ratio(maps.decoder_self[-1]),
+        "cross_entropy": _entropy_ratio(cross),
+        "cross_row_distance": distance,
+    }

@@ -1,0 +1,101 @@
+"""The attention ablation: uniform attention where asked, nowhere else, and only while asked."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.attention import PARTS, attention_summary, uniform_attention
+from forecaster import ModelConfig
+from forecaster.model import PatchTransformer
+from forecaster.outputs import AttentionMaps
+
+CONFIG = ModelConfig(
+    context_length=32,
+    prediction_length=12,
+    patch_length=4,
+    d_model=16,
+    n_heads=2,
+    n_encoder_layers=2,
+    d_ff=32,
+    dropout=0.0,
+)
+
+
+def _model_and_batch() -> tuple[PatchTransformer, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    model = PatchTransformer(CONFIG).eval()
+    # Untrained heads start at zero; random ones make every attention layer reach the output.
+    for head in (model.point_head, model.linear_start):
+        torch.nn.init.normal_(head.weight, std=0.1)
+    values = torch.randn(3, CONFIG.context_length, dtype=torch.float64)
+    observed = torch.ones_like(values, dtype=torch.bool)
+    observed[1, :10] = False  # two and a half patches of padding: masked keys
+    return model, values, observed
+
+
+def _weights(model, values, observed) -> dict[str, list[torch.Tensor]]:
+    output, attention = model(values, observed, return_attention=True)
+    return {
+        "mean": output.mean,
+        "encoder self-attention": attention.encoder,
+        "decoder self-attention": attention.decoder_self,
+        "cross-attention": attention.cross,
+    }
+
+
+@pytest.mark.parametrize("part", PARTS)
+def test_uniform_attention_spreads_each_query_evenly_over_the_keys_it_may_see(part):
+    model, values, observed = _model_and_batch()
+    learned = _weights(model, values, observed)
+    with uniform_attention(model, part):
+        uniform = _weights(model, values, observed)
+    for layer in uniform[part]:
+        allowed = layer > 0
+        expected = allowed / allowed.sum(dim=-1, keepdim=True)
+        torch.testing.assert_close(layer, expected.to(layer.dtype))
+    # Masks still hold: padded keys and future horizon tokens get no weight.
+    for layer_learned, layer_uniform in zip(learned[part], uniform[part], strict=True):
+        assert torch.equal(layer_learned > 0, layer_uniform > 0)
+    assert not torch.allclose(learned["mean"], uniform["mean"])
+
+
+def test_uniform_attention_touches_only_its_part_and_ends_with_the_block():
+    model, values, observed = _model_and_batch()
+    learned = _weights(model, values, observed)
+    with uniform_attention(model, "cross-attention"):
+        uniform = _weights(model, values, observed)
+    # The encoder runs before the cross-attention: its weights are untouched.
+    for before, during in zip(
+        learned["encoder self-attention"], uniform["encoder self-attention"], strict=True
+    ):
+        torch.testing.assert_close(before, during)
+    after = _weights(model, values, observed)
+    torch.testing.assert_close(after["mean"], learned["mean"])
+
+
+def test_summary_reads_uniform_and_peaked_attention():
+    n, m = 5, 3
+    uniform = AttentionMaps(
+        series_ids=["a"],
+        encoder=[np.full((1, 2, n, n), 1 / n)],
+        decoder_self=[(np.tril(np.ones((m, m))) / np.arange(1, m + 1)[:, None])[None, None]],
+        cross=[np.full((1, 2, m, n), 1 / n)],
+        context_starts=["2020-01-01T00:00:00"],
+        patch_length=4,
+        patch_stride=4,
+    )
+    summary = attention_summary(uniform)
+    assert summary["encoder_entropy"] == pytest.approx(1.0)
+    assert summary["decoder_self_entropy"] == pytest.approx(1.0)
+    assert summary["cross_entropy"] == pytest.approx(1.0)
+    assert summary["cross_row_distance"] == pytest.approx(0.0)
+
+    # Each horizon token looks at a context token of its own: little spread, rows far apart.
+    peaked_cross = np.full((1, 2, m, n), 0.01)
+    peaked_cross[0, :, np.arange(m), np.arange(m)] = 0.96
+    peaked = AttentionMaps(**{**uniform.__dict__, "cross": [peaked_cross]})
+    summary = attention_summary(peaked)
+    assert summary["cross_entropy"] < 0.2
+    assert summary["cross_row_distance"] == pytest.approx(0.95)

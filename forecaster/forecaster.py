@@ -35,6 +35,7 @@ from forecaster.errors import (
 from forecaster.model import PatchTransformer
 from forecaster.outputs import AttentionMaps, ForecastArrays, ModelOutput
 from forecaster.time_axis import (
+    on_wall_clock,
     patch_length_for,
     regular_range,
     season_length,
@@ -631,14 +632,24 @@ def _in_callers_types(
     forecast: pd.DataFrame, df: pd.DataFrame | Mapping[str, np.ndarray]
 ) -> pd.DataFrame:
     """The forecast with the ids and timestamps typed as in `df`: inside, ids are strings and
-    timestamps tz-naive UTC; a caller's integer ids or tz-aware `ds` come back as given."""
+    timestamps tz-naive; a caller's integer ids or tz-aware `ds` come back as given, aware `ds`
+    read back as `on_wall_clock` read the history (local wall clock, or UTC)."""
     given_ids = pd.Series(df[ID])
     if not (pd.api.types.is_string_dtype(given_ids) and not given_ids.hasnans):
         unique = given_ids.drop_duplicates()
         by_text = pd.Series(unique.to_numpy(), index=[str(u) for u in unique])
         forecast[ID] = pd.array(by_text.loc[forecast[ID]].to_numpy(), dtype=given_ids.dtype)
-    zone = getattr(pd.Series(df[TIME]).dtype, "tz", None)
-    if zone is not None:
+    given_ds = pd.Series(df[TIME])
+    zone = getattr(given_ds.dtype, "tz", None)
+    if zone is None:
+        return forecast
+    if on_wall_clock(given_ds.dt.tz_localize(None).to_numpy()):
+        # Local dates: a time a daylight-saving change skips moves on to the next valid one, a
+        # repeated one takes standard time (False per value: the form pandas documents).
+        forecast[TIME] = forecast[TIME].dt.tz_localize(
+            zone, nonexistent="shift_forward", ambiguous=np.zeros(len(forecast), dtype=bool)
+        )
+    else:
         forecast[TIME] = forecast[TIME].dt.tz_localize("UTC").dt.tz_convert(zone)
     return forecast
 

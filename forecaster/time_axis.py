@@ -1,9 +1,16 @@
 """The time axis, in one place: timestamps, frequencies, the steps after a series' end, and the
 calendar features and seasonal periods a frequency implies.
 
-Inside the package every timestamp is tz-naive ``datetime64[ns]`` (aware input is converted to
-UTC) within pandas' nanosecond range, 1677-09-22 .. 2262-04-11: a timestamp, or a forecast step,
-outside it is an ``InvalidTimestampsError`` naming it, never a silent wrap-around.
+Inside the package every timestamp is tz-naive ``datetime64[ns]`` within pandas' nanosecond
+range, 1677-09-22 .. 2262-04-11: a timestamp, or a forecast step, outside it is an
+``InvalidTimestampsError`` naming it, never a silent wrap-around.
+
+Aware input is read one of two ways, by the rule of `on_wall_clock`. Daily or coarser data
+(at least two distinct timestamps, all at one local time of day) is read on its zone's wall
+clock, dropping the zone: its points are local dates, while in UTC a local midnight moves by an
+hour at each daylight-saving change (off the daily grid) and lands on the previous day in zones
+east of UTC (calendar features a day off). Anything else is converted to UTC, where an hourly
+clock never skips or repeats an hour. A forecast goes back to the caller's zone the same way.
 """
 
 from __future__ import annotations
@@ -59,13 +66,37 @@ _LEGACY_RE = re.compile(r"^(\d*)(M|Q|Y|A|H|T|S)(-[A-Za-z]+)?$")
 # -- timestamps ---------------------------------------------------------------------------------
 
 
-def parse_timestamps(col: pd.Series | np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
-    """`ds` as a tz-naive datetime64[ns] numpy array (tz-aware input is converted to UTC).
+def on_wall_clock(wall: np.ndarray) -> bool:
+    """Whether aware timestamps are read on their zone's wall clock rather than in UTC, given
+    their wall-clock values (naive datetime64): when at least two differ and all fall at one
+    time of day (daily, weekly, monthly data). Identical values say nothing about the spacing.
+    """
+    wall = np.asarray(wall).reshape(-1)
+    if wall.size < 2 or (wall == wall[0]).all():
+        return False
+    time_of_day = wall - wall.astype("datetime64[D]")
+    return bool((time_of_day == time_of_day[0]).all())
 
+
+def parse_timestamps(
+    col: pd.Series | np.ndarray, ids: np.ndarray | None = None, *, wall_clock: bool | None = None
+) -> np.ndarray:
+    """`ds` as a tz-naive datetime64[ns] numpy array; see `read_timestamps`."""
+    return read_timestamps(col, ids, wall_clock=wall_clock)[0]
+
+
+def read_timestamps(
+    col: pd.Series | np.ndarray, ids: np.ndarray | None = None, *, wall_clock: bool | None = None
+) -> tuple[np.ndarray, bool]:
+    """`ds` as a tz-naive datetime64[ns] numpy array, and whether it was read on its zone's wall
+    clock (False for naive input).
+
+    Aware input is read on its wall clock or in UTC as `on_wall_clock` decides, or as
+    `wall_clock` says (a frame that must be read as another one was, a single start).
     `ids` (the series id of each row) only serves the error message.
     """
     if isinstance(col, np.ndarray) and col.dtype == _NS and not np.isnat(col).any():
-        return col  # already what this returns (the service's road)
+        return col, False  # already what this returns (the service's road)
     col = pd.Series(col)
     if ids is None:
         ids = pd.array(["series"] * len(col), dtype="str")
@@ -90,11 +121,14 @@ def parse_timestamps(col: pd.Series | np.ndarray, ids: np.ndarray | None = None)
             series_id=sid,
             field=TIME,
         )
+    on_wall = False
     if isinstance(parsed.dtype, pd.DatetimeTZDtype):
-        parsed = parsed.dt.tz_convert("UTC").dt.tz_localize(None)
+        wall = parsed.dt.tz_localize(None)
+        on_wall = on_wall_clock(wall.to_numpy()) if wall_clock is None else wall_clock
+        parsed = wall if on_wall else parsed.dt.tz_convert("UTC").dt.tz_localize(None)
     try:
         # astype checks the bounds; to_numpy(dtype=...) would silently wrap around.
-        return parsed.astype("datetime64[ns]").to_numpy()
+        return parsed.astype("datetime64[ns]").to_numpy(), on_wall
     except (OverflowError, ValueError, pd.errors.OutOfBoundsDatetime) as exc:
         raise InvalidTimestampsError(
             f"{TIME} holds timestamps outside 1677-09-22..2262-04-11: {exc}", field=TIME
@@ -146,12 +180,21 @@ def parse_iso(values: Sequence[str]) -> np.ndarray | None:
 
 
 def parse_datetimes(values: Sequence[datetime]) -> np.ndarray:
-    """Python datetimes (aware ones converted to UTC) as datetime64[ns], range-checked: the
-    fast road for timestamps a JSON parser already read."""
+    """Python datetimes as datetime64[ns], range-checked: the fast road for timestamps a JSON
+    parser already read. Aware ones (usually fixed offsets such as +01:00, which change at
+    daylight-saving changes) are read on their wall clock when all are aware and
+    `on_wall_clock` says so, else converted to UTC."""
+    if values and all(v.tzinfo is not None for v in values):
+        wall = _microseconds([v.replace(tzinfo=None) for v in values])
+        if on_wall_clock(wall):
+            return _to_nanoseconds(wall, values)
     naive = [v.astimezone(UTC).replace(tzinfo=None) if v.tzinfo is not None else v for v in values]
+    return _to_nanoseconds(_microseconds(naive), values)
+
+
+def _microseconds(naive: Sequence[datetime]) -> np.ndarray:
     # pandas' converter: ten times numpy's on datetime objects; microseconds hold any year.
-    coarse = pd.DatetimeIndex(naive).as_unit("us").to_numpy()
-    return _to_nanoseconds(coarse, values)
+    return pd.DatetimeIndex(naive).as_unit("us").to_numpy()
 
 
 def _to_nanoseconds(coarse: np.ndarray, values: Sequence[object]) -> np.ndarray:
@@ -174,10 +217,15 @@ def regular_range(
 
     A start off an anchored grid (a Monday for "W-SUN", mid-month for "ME") is rolled forward
     onto it, as ``pd.date_range`` does, or with ``roll_forward=False`` is an
-    `InvalidTimestampsError` (a user's start that means a point in time).
+    `InvalidTimestampsError` (a user's start that means a point in time). An aware start is
+    read on its wall clock for whole-day or calendar steps, in UTC for sub-daily ones: as
+    `on_wall_clock` reads the timestamps such a range stands for.
     """
-    given = parse_timestamps(pd.Series([start]))
-    first = np.array([parse_freq(freq).rollforward(pd.Timestamp(given[0]))], dtype=_NS)
+    offset = parse_freq(freq)
+    nanos = fixed_nanos(offset)
+    whole_days = nanos is None or nanos % _DAY_NS == 0
+    given = parse_timestamps(pd.Series([start]), wall_clock=whole_days)
+    first = np.array([offset.rollforward(pd.Timestamp(given[0]))], dtype=_NS)
     if not roll_forward and first[0] != given[0]:
         raise InvalidTimestampsError(
             f"start {pd.Timestamp(given[0])} is not on the {freq!r} grid; the next step on it "

@@ -43,6 +43,7 @@ from forecaster.time_axis import (
     infer_offset,
     parse_freq,
     parse_timestamps,
+    read_timestamps,
     steps_after,
 )
 
@@ -69,6 +70,9 @@ class ValidatedFrame:
     freq: str  # pandas offset alias, e.g. "h", "D", "15min", "MS", "W-SUN"
     series_ids: list[str]  # one per series, in row order
     offsets: np.ndarray  # (n_series + 1,) first row of each series, then the row count
+    # Aware `ds` read on its zone's wall clock (`time_axis.on_wall_clock`), not in UTC: a
+    # future frame, which may hold a single step, is read the same way.
+    wall_clock: bool = False
 
     @property
     def n_series(self) -> int:
@@ -114,7 +118,7 @@ def validate_long_frame(
     columns = _required_columns(df, [ID, TIME, target, *covariates])
 
     ids, codes, uniques = series_codes(columns[ID])
-    ds = parse_timestamps(columns[TIME], ids)
+    ds, wall_clock = read_timestamps(columns[TIME], ids)
     values = {
         name: _as_float(columns[name], name, ids, ds, allow_nan=allow_missing and name == target)
         for name in (target, *covariates)
@@ -147,6 +151,7 @@ def validate_long_frame(
         freq=offset.freqstr,
         series_ids=[str(u) for u in uniques],
         offsets=np.r_[0, np.cumsum(lengths)].astype(np.int64),
+        wall_clock=wall_clock,
     )
 
 
@@ -229,7 +234,7 @@ def validate_future_frame(
     _check_frame(future_df, [ID, TIME, *covariates])
 
     ids, codes, uniques = series_codes(future_df[ID])
-    ds = parse_timestamps(future_df[TIME], ids)
+    ds = parse_timestamps(future_df[TIME], ids, wall_clock=history.wall_clock)
     values = {name: _as_float(future_df[name], name, ids, ds) for name in covariates}
     dup = pd.DataFrame({"c": codes, "t": ds.view(np.int64)}).duplicated().to_numpy()
     if dup.any():

@@ -168,7 +168,8 @@ def request_frames(
 ) -> FrameParts:
     """The history columns and, for models with covariates, the future covariate columns.
 
-    Timestamps go through the time axis (aware ones to UTC, the nanosecond range checked);
+    Timestamps go through the time axis (aware ones read on their wall clock for daily or
+    coarser data, else in UTC; the nanosecond range checked);
     future covariates are stamped with the steps after each series' end on the model's
     frequency, which the core checks the history against. `first_index` is the position of
     `series[0]` in the request (for error messages about a chunk of a large request).

@@ -35,9 +35,16 @@ class SeriesIn(BaseModel):
         description="Observed values, oldest first; null is a missing value (rejected)."
     )
     timestamps: list[datetime] | None = Field(
-        None, description="One ISO 8601 timestamp per value. Give these or start + freq."
+        None,
+        description="One ISO 8601 timestamp per value. Give these or start + freq. With "
+        "offsets, daily or coarser data (all at one local time of day) is read on its local "
+        "clock, anything else in UTC; the forecast's timestamps are naive, read the same way.",
     )
-    start: datetime | None = Field(None, description="Timestamp of the first value.")
+    start: datetime | None = Field(
+        None,
+        description="Timestamp of the first value; with an offset, read on its local clock "
+        "for a freq of whole days or coarser, in UTC for a shorter one.",
+    )
     freq: str | None = Field(
         None, max_length=32, description="pandas offset alias such as 'h', 'D', '15min'."
     )

@@ -189,6 +189,29 @@ def test_forecast_keeps_the_callers_id_dtype_and_time_zone(fitted, series):
     np.testing.assert_array_equal(forecast["mean"], fitted.predict(utc)["mean"])
 
 
+@pytest.mark.parametrize("zone", ["Europe/Berlin", "Asia/Tokyo"])
+def test_daily_aware_history_is_read_as_its_local_dates(zone):
+    """Local midnights from January to late October: the history spans the March daylight-saving
+    change and the forecast the October one; in UTC Berlin's would leave the daily grid and
+    Tokyo's fall on the previous day (its day of week one off)."""
+    naive = generate_synthetic(n_series=2, n_steps=300, freq="D", start="2024-01-01", seed=0)
+    given = naive.assign(ds=naive["ds"].dt.tz_localize(zone))
+    config = ModelConfig(**TINY_MODEL, calendar_features=("day_of_week",))
+    model = Forecaster(config, TrainConfig(**{**TINY_TRAIN, "max_epochs": 1})).fit(given)
+    assert model.freq == "D"
+    forecast = model.predict(given)
+    assert str(forecast["ds"].dt.tz) == zone
+    expected = model.predict(naive)
+    assert (expected["ds"].groupby(expected["unique_id"]).min() == "2024-10-27").all()
+    assert forecast["ds"].dt.tz_localize(None).tolist() == expected["ds"].tolist()
+    assert (forecast["ds"].dt.hour == 0).all()
+    np.testing.assert_array_equal(forecast["mean"], expected["mean"])
+    # The model sees the local dates' calendar.
+    inputs, local = model.prepare(given), model.prepare(naive)
+    torch.testing.assert_close(inputs.past_covariates, local.past_covariates)
+    torch.testing.assert_close(inputs.future_covariates, local.future_covariates)
+
+
 def test_load_never_unpickles(fitted, tmp_path, monkeypatch):
     import pickle
 

@@ -10,6 +10,8 @@ from forecaster.errors import FrequencyInferenceError, InvalidConfigError, Inval
 from forecaster.time_axis import (
     CALENDAR_FEATURES,
     calendar_features,
+    on_wall_clock,
+    parse_datetimes,
     parse_freq,
     parse_timestamps,
     regular_range,
@@ -120,6 +122,63 @@ def test_regular_range_and_parse_timestamps_check_the_range():
         regular_range("2262-04-01", 24 * 30, "h")
     with pytest.raises(InvalidTimestampsError):
         parse_timestamps(pd.Series(["9016-01-01"]))
+
+
+@pytest.mark.parametrize(
+    ("wall", "expected"),
+    [
+        (pd.date_range("2024-03-20", periods=30, freq="D"), True),
+        (pd.date_range("2024-01-01 09:30", periods=6, freq="W-MON"), True),
+        (pd.date_range("2024-01-31", periods=6, freq="ME"), True),
+        (pd.date_range("2024-03-30", periods=48, freq="h"), False),
+        (pd.DatetimeIndex(["2024-01-01", "2024-01-02 01:00"]), False),
+        (pd.DatetimeIndex(["2024-01-01"]), False),  # one timestamp says nothing of the spacing
+        (pd.DatetimeIndex(["2024-01-01"] * 3), False),
+    ],
+)
+def test_on_wall_clock_for_one_local_time_of_day(wall, expected):
+    assert on_wall_clock(wall.to_numpy()) is expected
+
+
+@pytest.mark.parametrize("zone", ["Europe/Berlin", "Asia/Tokyo"])
+def test_daily_aware_timestamps_are_read_as_local_dates(zone):
+    # In UTC, Berlin midnights move from 23:00 to 22:00 at the March change; Tokyo's are 15:00
+    # the day before.
+    local = pd.date_range("2024-03-20", periods=30, freq="D")
+    got = parse_timestamps(pd.Series(local.tz_localize(zone)))
+    np.testing.assert_array_equal(got, local.to_numpy())
+
+
+def test_hourly_aware_timestamps_across_dst_are_read_in_utc():
+    # On the local clock 02:00-03:00 on 31 March does not exist; in UTC every step is an hour.
+    aware = pd.date_range("2024-03-30 12:00", periods=48, freq="h", tz="Europe/Berlin")
+    got = parse_timestamps(pd.Series(aware))
+    np.testing.assert_array_equal(got, aware.tz_convert("UTC").tz_localize(None).to_numpy())
+    assert (np.diff(got) == np.timedelta64(1, "h")).all()
+
+
+def test_parse_datetimes_reads_daily_offsets_on_the_wall_clock():
+    local = pd.date_range("2024-03-20", periods=30, freq="D")
+    # Fixed offsets as a JSON parser gives them: +01:00, then +02:00 from 31 March.
+    given = [t.tz_localize("Europe/Berlin").to_pydatetime() for t in local]
+    assert {v.utcoffset() for v in given} == {pd.Timedelta(hours=1), pd.Timedelta(hours=2)}
+    np.testing.assert_array_equal(parse_datetimes(given), local.to_numpy())
+    hourly = pd.date_range("2024-03-30 12:00", periods=48, freq="h", tz="Europe/Berlin")
+    np.testing.assert_array_equal(
+        parse_datetimes(list(hourly.to_pydatetime())),
+        hourly.tz_convert("UTC").tz_localize(None).to_numpy(),
+    )
+    # Naive and aware values mixed: aware ones still converted to UTC.
+    mixed = [local[0].to_pydatetime(), given[1]]
+    np.testing.assert_array_equal(
+        parse_datetimes(mixed), np.array(["2024-03-20", "2024-03-20T23:00"], "datetime64[ns]")
+    )
+
+
+@pytest.mark.parametrize("freq", ["D", "W-WED", "MS"])
+def test_regular_range_reads_an_aware_start_on_the_wall_clock_for_whole_days(freq):
+    got = regular_range("2024-03-20T00:00:00+01:00", 5, freq)
+    np.testing.assert_array_equal(got, pd.date_range("2024-03-20", periods=5, freq=freq))
 
 
 @pytest.mark.parametrize("freq", ["0h", "-1h", "-2D", "0MS"])

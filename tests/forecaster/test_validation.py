@@ -107,6 +107,14 @@ def test_tz_aware_timestamps_are_converted_to_utc():
     assert out["ds"].iloc[0] == pd.Timestamp("2023-12-31 23:00")
 
 
+def test_daily_aware_timestamps_across_dst_are_local_dates():
+    df = frame("D", n=30, start="2024-03-20")
+    df["ds"] = df["ds"].dt.tz_localize("Europe/Berlin")
+    out = validate_long_frame(df)
+    assert out.freq == "D" and out.wall_clock
+    assert (out.frame["ds"].dt.hour == 0).all()
+
+
 def test_empty_frame():
     with pytest.raises(EmptyDataError, match="no rows"):
         validate_long_frame(frame().iloc[:0])
@@ -317,6 +325,17 @@ class TestFutureFrame:
         with pytest.raises(MissingValuesError) as info:
             validate_future_frame(future, history=self.history(), horizon=3, covariates=["promo"])
         assert (info.value.series_id, info.value.field) == ("b", "promo")
+
+    def test_a_one_step_future_is_read_as_its_daily_history(self):
+        # One timestamp alone would be read in UTC (the day before, at 15:00).
+        history = frame("D", n=10, ids=["a"], promo=0.0)
+        history["ds"] = history["ds"].dt.tz_localize("Asia/Tokyo")
+        validated = validate_long_frame(history, covariates=["promo"])
+        future = frame("D", n=1, ids=["a"], start="2024-01-11").assign(promo=1.0)
+        future["ds"] = future["ds"].dt.tz_localize("Asia/Tokyo")
+        out = validate_future_frame(future, history=validated, horizon=1, covariates=["promo"])
+        assert out["ds"].tolist() == [pd.Timestamp("2024-01-11")]
+        assert out["promo"].tolist() == [1.0]
 
     def test_monthly_future_steps(self):
         history = validate_long_frame(frame("MS", n=6, promo=0.0), covariates=["promo"])

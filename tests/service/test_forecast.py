@@ -8,6 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from forecaster import Forecaster
+from forecaster.synthetic import generate_synthetic
+from service.model_manager import ModelIdentity, StaticSource
+from tests.service.conftest import tiny_config
+
 CONTEXT, HORIZON = 48, 12  # the tiny model of conftest.py
 
 
@@ -131,3 +136,44 @@ def test_aware_timestamps_are_read_as_utc(client, history, payload, tz):
     first = pd.Timestamp(response.json()["forecasts"][0]["timestamps"][0])
     last_given = pd.Timestamp(series["timestamps"][-1]).tz_convert("UTC").tz_localize(None)
     assert first == last_given + pd.Timedelta(hours=1)
+
+
+@pytest.fixture(scope="module")
+def daily_model() -> Forecaster:
+    model_config, train_config = tiny_config()
+    frame = generate_synthetic(n_series=1, n_steps=120, freq="D", start="2024-01-01", seed=3)
+    return Forecaster(model_config, train_config).fit(frame)
+
+
+def _daily_request(local_dates: bool) -> dict:
+    # 48 Berlin midnights across the March change: offsets +01:00, then +02:00 from 31 March.
+    days = pd.date_range("2024-03-10", periods=CONTEXT, freq="D")
+    stamps = days if local_dates else days.tz_localize("Europe/Berlin")
+    values = np.sin(np.arange(CONTEXT) * 2 * np.pi / 7).tolist()
+    return {"id": "s", "timestamps": [t.isoformat() for t in stamps], "values": values}
+
+
+def test_daily_timestamps_with_offsets_across_dst_are_local_dates(make_client, daily_model):
+    client = make_client(source=StaticSource(daily_model, ModelIdentity("forecaster", "9")))
+    aware = _daily_request(local_dates=False)
+    assert aware["timestamps"][0].endswith("+01:00") and aware["timestamps"][-1].endswith("+02:00")
+    response = client.post("/v1/forecast", json={"series": [aware]})
+    assert response.status_code == 200, response.text
+    naive = client.post("/v1/forecast", json={"series": [_daily_request(local_dates=True)]})
+    assert response.json()["forecasts"] == naive.json()["forecasts"]
+    assert response.json()["forecasts"][0]["timestamps"][0] == "2024-04-27T00:00:00"
+
+
+def test_daily_start_with_an_offset_is_a_local_date(make_client, daily_model):
+    client = make_client(source=StaticSource(daily_model, ModelIdentity("forecaster", "9")))
+    explicit = _daily_request(local_dates=True)
+    with_start = {
+        "id": "s",
+        "start": "2024-03-10T00:00:00+01:00",
+        "freq": "D",
+        "values": explicit["values"],
+    }
+    a = client.post("/v1/forecast", json={"series": [explicit]})
+    b = client.post("/v1/forecast", json={"series": [with_start]})
+    assert b.status_code == 200, b.text
+    assert a.json()["forecasts"] == b.json()["forecasts"]

@@ -5,12 +5,14 @@ Inside the package every timestamp is tz-naive ``datetime64[ns]`` within pandas'
 range, 1677-09-22 .. 2262-04-11: a timestamp, or a forecast step, outside it is an
 ``InvalidTimestampsError`` naming it, never a silent wrap-around.
 
-Aware input is read one of two ways, by the rule of `on_wall_clock`. Daily or coarser data
+Aware input (an aware column, Python datetimes, or ISO text whose UTC offset changes between
+values) is read one of two ways, by the rule of `on_wall_clock`. Daily or coarser data
 (at least two distinct timestamps, all at one local time of day) is read on its zone's wall
 clock, dropping the zone: its points are local dates, while in UTC a local midnight moves by an
 hour at each daylight-saving change (off the daily grid) and lands on the previous day in zones
 east of UTC (calendar features a day off). Anything else is converted to UTC, where an hourly
-clock never skips or repeats an hour. A forecast goes back to the caller's zone the same way.
+clock never skips or repeats an hour. A forecast goes back to an aware column's zone the same
+way (text input gets naive timestamps back).
 """
 
 from __future__ import annotations
@@ -108,7 +110,13 @@ def read_timestamps(
             series_id=sid,
             field=TIME,
         )
-    parsed = _to_datetime(col)
+    try:
+        parsed = _to_datetime(col)
+    except InvalidTimestampsError:
+        with_offsets = _with_offsets(col)
+        if with_offsets is None:
+            raise
+        return read_datetimes(with_offsets, wall_clock=wall_clock)
     nat = parsed.isna().to_numpy()
     if nat.any():
         i = int(np.argmax(nat))
@@ -181,15 +189,36 @@ def parse_iso(values: Sequence[str]) -> np.ndarray | None:
 
 def parse_datetimes(values: Sequence[datetime]) -> np.ndarray:
     """Python datetimes as datetime64[ns], range-checked: the fast road for timestamps a JSON
-    parser already read. Aware ones (usually fixed offsets such as +01:00, which change at
-    daylight-saving changes) are read on their wall clock when all are aware and
-    `on_wall_clock` says so, else converted to UTC."""
+    parser already read; see `read_datetimes`."""
+    return read_datetimes(values)[0]
+
+
+def read_datetimes(
+    values: Sequence[datetime], *, wall_clock: bool | None = None
+) -> tuple[np.ndarray, bool]:
+    """Python datetimes as datetime64[ns], and whether they were read on their wall clock.
+
+    Aware ones (usually fixed offsets such as +01:00, which change at daylight-saving changes)
+    are read on their wall clock when all are aware and `on_wall_clock` (or `wall_clock`) says
+    so, else converted to UTC.
+    """
     if values and all(v.tzinfo is not None for v in values):
         wall = _microseconds([v.replace(tzinfo=None) for v in values])
-        if on_wall_clock(wall):
-            return _to_nanoseconds(wall, values)
+        if on_wall_clock(wall) if wall_clock is None else wall_clock:
+            return _to_nanoseconds(wall, values), True
     naive = [v.astimezone(UTC).replace(tzinfo=None) if v.tzinfo is not None else v for v in values]
-    return _to_nanoseconds(_microseconds(naive), values)
+    return _to_nanoseconds(_microseconds(naive), values), False
+
+
+def _with_offsets(col: pd.Series) -> list[datetime] | None:
+    """ISO 8601 strings whose UTC offsets differ between values, as aware datetimes: local time
+    across a daylight-saving change, as pandas writes an aware column to CSV, which pandas
+    refuses to read back as one column. None unless every value is such a string."""
+    try:
+        parsed = [datetime.fromisoformat(v) for v in col.tolist()]
+    except (TypeError, ValueError):
+        return None
+    return parsed if all(v.tzinfo is not None for v in parsed) else None
 
 
 def _microseconds(naive: Sequence[datetime]) -> np.ndarray:

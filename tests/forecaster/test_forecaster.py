@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from forecaster import Forecaster, ModelConfig, TrainConfig
+from forecaster.data import load_frame
 from forecaster.errors import (
     HorizonTooLongError,
     IrregularTimestampsError,
@@ -210,6 +211,19 @@ def test_daily_aware_history_is_read_as_its_local_dates(zone):
     inputs, local = model.prepare(given), model.prepare(naive)
     torch.testing.assert_close(inputs.past_covariates, local.past_covariates)
     torch.testing.assert_close(inputs.future_covariates, local.future_covariates)
+
+
+def test_an_aware_daily_frame_round_trips_through_csv(tmp_path):
+    """pandas writes Berlin midnights as text with +01:00, then +02:00: the file reads back as
+    the local dates it holds."""
+    naive = generate_synthetic(n_series=2, n_steps=200, freq="D", start="2024-01-01", seed=0)
+    path = tmp_path / "daily.csv"
+    naive.assign(ds=naive["ds"].dt.tz_localize("Europe/Berlin")).to_csv(path, index=False)
+    model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**{**TINY_TRAIN, "max_epochs": 1}))
+    forecast = model.fit(load_frame(path)).predict(load_frame(path))
+    assert model.freq == "D"
+    expected = model.predict(naive)
+    pd.testing.assert_frame_equal(forecast, expected)
 
 
 def test_load_never_unpickles(fitted, tmp_path, monkeypatch):

@@ -175,6 +175,22 @@ def test_parse_datetimes_reads_daily_offsets_on_the_wall_clock():
     )
 
 
+def test_text_with_offsets_that_change_is_read_by_the_same_rule():
+    """ISO strings whose offset changes at a daylight-saving change, as pandas writes an aware
+    column to CSV: pandas refuses to read them as one column; they read as aware values do."""
+    daily = pd.date_range("2024-03-20", periods=30, freq="D")
+    text = pd.Series([str(t) for t in daily.tz_localize("Europe/Berlin")])
+    assert text.str.endswith("+01:00").any() and text.str.endswith("+02:00").any()
+    np.testing.assert_array_equal(parse_timestamps(text), daily.to_numpy())
+    hourly = pd.date_range("2024-03-30 12:00", periods=48, freq="h", tz="Europe/Berlin")
+    np.testing.assert_array_equal(
+        parse_timestamps(pd.Series([t.isoformat() for t in hourly])),
+        hourly.tz_convert("UTC").tz_localize(None).to_numpy(),
+    )
+    with pytest.raises(InvalidTimestampsError, match="could not be parsed"):
+        parse_timestamps(pd.Series(["2024-03-30T00:00:00+01:00", "2024-03-31T00:00:00+02:00", "x"]))
+
+
 @pytest.mark.parametrize("freq", ["D", "W-WED", "MS"])
 def test_regular_range_reads_an_aware_start_on_the_wall_clock_for_whole_days(freq):
     got = regular_range("2024-03-20T00:00:00+01:00", 5, freq)

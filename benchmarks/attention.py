@@ -49,17 +49,21 @@ def uniform_attention(model: PatchTransformer, part: str) -> Iterator[None]:
             handle.remove()
 
 
-def _entropy_ratio(weights: np.ndarray) -> float:
+def _entropy_ratio(
+    weights: np.ndarray, allowed: np.ndarray, rows: np.ndarray | None = None
+) -> float:
     """Mean entropy of the attention rows over the entropy of a uniform row over the same keys
-    (1: uniform, 0: one key each); a key of weight 0 counts as masked, and rows with a single
-    key are left out (NaN when no row has two keys). weights (..., queries, keys)."""
-    allowed = (weights > 0).sum(axis=-1)
-    keep = allowed > 1
+    (1: uniform, 0: one key each), over the `rows` kept (all by default) that may see two keys
+    or more; NaN when there are none. weights (..., queries, keys); `allowed` (True where a
+    query may see a key) broadcasts to it, `rows` to weights[..., 0]."""
+    allowed = np.broadcast_to(allowed, weights.shape)
+    n_keys = allowed.sum(axis=-1)
+    keep = n_keys > 1 if rows is None else (n_keys > 1) & rows
     if not keep.any():
         return math.nan
-    safe = np.where(weights > 0, weights, 1.0)
-    entropy = -(weights * np.log(safe)).sum(axis=-1)
-    return float((entropy[keep] / np.log(allowed[keep])).mean())
+    seen = np.where(allowed, weights, 0.0)
+    entropy = -(seen * np.log(np.where(seen > 0, seen, 1.0))).sum(axis=-1)
+    return float((entropy[keep] / np.log(n_keys[keep])).mean())
 
 
 def attention_summary(maps: AttentionMaps) -> dict[str, float]:
@@ -70,6 +74,12 @@ def attention_summary(maps: AttentionMaps) -> dict[str, float]:
       of two horizon tokens of the same series and head (0: every horizon token looks at the
       context the same way; NaN with a single horizon token).
     """
+    # Keys masked as padding get weight 0 from every query; a key any query weighs was allowed
+    # (softmax underflow to 0 for one query stays a peaked row, not a masked key).
+    encoder = maps.encoder[-1]  # (S, heads, N, N)
+    context_seen = (encoder > 0).any(axis=-2, keepdims=True)  # (S, heads, 1, N)
+    decoder = maps.decoder_self[-1]  # (S, heads, M, M)
+    causal = np.tri(decoder.shape[-1], dtype=bool)  # query m sees horizon tokens 0..m
     cross = maps.cross[-1]  # (S, heads, M, N)
     rows = cross[:, :, :, None, :] - cross[:, :, None, :, :]  # (S, heads, M, M, N)
     n_tokens = cross.shape[2]
@@ -78,8 +88,9 @@ def attention_summary(maps: AttentionMaps) -> dict[str, float]:
     if pairs:
         distance = float((0.5 * np.abs(rows).sum(axis=-1).sum(axis=(-1, -2)) / pairs).mean())
     return {
-        "encoder_entropy": _entropy_ratio(maps.encoder[-1]),
-        "decoder_self_entropy": _entropy_ratio(maps.decoder_self[-1]),
-        "cross_entropy": _entropy_ratio(cross),
+        # Padded context tokens attend too, but only what real tokens do is of interest.
+        "encoder_entropy": _entropy_ratio(encoder, context_seen, rows=context_seen[..., 0, :]),
+        "decoder_self_entropy": _entropy_ratio(decoder, causal),
+        "cross_entropy": _entropy_ratio(cross, (cross > 0).any(axis=-2, keepdims=True)),
         "cross_row_distance": distance,
     }

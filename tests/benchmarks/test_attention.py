@@ -99,3 +99,24 @@ def test_summary_reads_uniform_and_peaked_attention():
     summary = attention_summary(peaked)
     assert summary["cross_entropy"] < 0.2
     assert summary["cross_row_distance"] == pytest.approx(0.95)
+
+
+def test_summary_counts_a_key_of_weight_zero_as_seen_when_another_query_weighs_it():
+    """A fully peaked row (softmax underflow gives exact zeros) is entropy 0, not a row with one
+    key; padded keys (weight 0 from every query) and padded query tokens are left out."""
+    n = 4
+    encoder = np.full((1, 1, n, n), 1 / 3)
+    encoder[..., 0] = 0.0  # token 0 is padding: no query sees it
+    encoder[:, :, 1, :] = [0.0, 1.0, 0.0, 0.0]  # token 1 looks at itself only
+    decoder = np.tril(np.ones((2, 2)))[None, None] / np.array([1, 2])[:, None]
+    maps = AttentionMaps(
+        series_ids=["a"],
+        encoder=[encoder],
+        decoder_self=[decoder],
+        cross=[np.full((1, 1, 2, n), 1 / n)],
+        context_starts=["2020-01-01T00:00:00"],
+        patch_length=4,
+        patch_stride=4,
+    )
+    # Rows of tokens 1, 2, 3 over keys 1, 2, 3: entropy 0, 1 and 1 of a uniform row's.
+    assert attention_summary(maps)["encoder_entropy"] == pytest.approx(2 / 3)

@@ -35,12 +35,12 @@ from forecaster.errors import (
 from forecaster.model import PatchTransformer
 from forecaster.outputs import AttentionMaps, ForecastArrays, ModelOutput
 from forecaster.time_axis import (
-    on_wall_clock,
     patch_length_for,
     regular_range,
     season_length,
     shift,
     steps_after,
+    wall_clock_for,
 )
 from forecaster.training import (
     EpochLog,
@@ -236,7 +236,8 @@ class Forecaster:
         horizon = self.check_horizon(horizon)
         levels = self.check_quantiles(quantiles)
         inputs = self.prepare(df, future_df, horizon)
-        return _in_callers_types(self.forecast(inputs).select(horizon, levels).to_frame(), df)
+        forecast = self.forecast(inputs).select(horizon, levels).to_frame()
+        return _in_callers_types(forecast, df, self.freq)
 
     def prepare(
         self,
@@ -629,21 +630,20 @@ class Forecaster:
 
 
 def _in_callers_types(
-    forecast: pd.DataFrame, df: pd.DataFrame | Mapping[str, np.ndarray]
+    forecast: pd.DataFrame, df: pd.DataFrame | Mapping[str, np.ndarray], freq: str
 ) -> pd.DataFrame:
     """The forecast with the ids and timestamps typed as in `df`: inside, ids are strings and
     timestamps tz-naive; a caller's integer ids or tz-aware `ds` come back as given, aware `ds`
-    read back as `on_wall_clock` read the history (local wall clock, or UTC)."""
+    read back as the history was read (`wall_clock_for(freq)`: local dates, or UTC)."""
     given_ids = pd.Series(df[ID])
     if not (pd.api.types.is_string_dtype(given_ids) and not given_ids.hasnans):
         unique = given_ids.drop_duplicates()
         by_text = pd.Series(unique.to_numpy(), index=[str(u) for u in unique])
         forecast[ID] = pd.array(by_text.loc[forecast[ID]].to_numpy(), dtype=given_ids.dtype)
-    given_ds = pd.Series(df[TIME])
-    zone = getattr(given_ds.dtype, "tz", None)
+    zone = getattr(pd.Series(df[TIME]).dtype, "tz", None)
     if zone is None:
         return forecast
-    if on_wall_clock(given_ds.dt.tz_localize(None).to_numpy()):
+    if wall_clock_for(freq):
         # Local dates: a time a daylight-saving change skips moves on to the next valid one, a
         # repeated one takes standard time (False per value: the form pandas documents).
         forecast[TIME] = forecast[TIME].dt.tz_localize(

@@ -29,6 +29,8 @@ from pandas.tseries.frequencies import to_offset
 from pandas.tseries.offsets import (
     BaseOffset,
     BusinessDay,
+    BusinessHour,
+    CustomBusinessHour,
     MonthBegin,
     MonthEnd,
     QuarterBegin,
@@ -66,6 +68,22 @@ _LEGACY_RE = re.compile(r"^(\d*)(M|Q|Y|A|H|T|S)(-[A-Za-z]+)?$")
 
 
 # -- timestamps ---------------------------------------------------------------------------------
+
+
+def wall_clock_for(freq: str | None) -> bool | None:
+    """How aware timestamps on `freq` are read: on their wall clock for steps of whole days or
+    calendar units (True), in UTC for shorter ones (False); None when the frequency is not
+    known yet (a frame to fit on), and `on_wall_clock` decides from the values.
+
+    A model's frequency settles it for everything it forecasts, so a history of a single
+    timestamp, or a chunk of a file, reads as the data it was fitted on."""
+    if freq is None:
+        return None
+    offset = parse_freq(freq)
+    if isinstance(offset, BusinessHour | CustomBusinessHour):
+        return False
+    nanos = fixed_nanos(offset)
+    return nanos is None or nanos % _DAY_NS == 0
 
 
 def on_wall_clock(wall: np.ndarray) -> bool:
@@ -111,12 +129,16 @@ def read_timestamps(
             field=TIME,
         )
     try:
-        parsed = _to_datetime(col)
-    except InvalidTimestampsError:
+        parsed, error = _to_datetime(col), None
+    except InvalidTimestampsError as exc:
+        parsed, error = None, exc
+    # pandas refuses offsets that change between values (raising for text, NaT for datetimes).
+    if parsed is None or (parsed.isna() & col.notna()).any():
         with_offsets = _with_offsets(col)
-        if with_offsets is None:
-            raise
-        return read_datetimes(with_offsets, wall_clock=wall_clock)
+        if with_offsets is not None:
+            return read_datetimes(with_offsets, wall_clock=wall_clock)
+        if error is not None:
+            raise error
     nat = parsed.isna().to_numpy()
     if nat.any():
         i = int(np.argmax(nat))
@@ -187,16 +209,11 @@ def parse_iso(values: Sequence[str]) -> np.ndarray | None:
     return _to_nanoseconds(coarse, values)
 
 
-def parse_datetimes(values: Sequence[datetime]) -> np.ndarray:
-    """Python datetimes as datetime64[ns], range-checked: the fast road for timestamps a JSON
-    parser already read; see `read_datetimes`."""
-    return read_datetimes(values)[0]
-
-
 def read_datetimes(
     values: Sequence[datetime], *, wall_clock: bool | None = None
 ) -> tuple[np.ndarray, bool]:
-    """Python datetimes as datetime64[ns], and whether they were read on their wall clock.
+    """Python datetimes as datetime64[ns], range-checked, and whether they were read on their
+    wall clock: the fast road for timestamps a JSON parser already read.
 
     Aware ones (usually fixed offsets such as +01:00, which change at daylight-saving changes)
     are read on their wall clock when all are aware and `on_wall_clock` (or `wall_clock`) says
@@ -211,11 +228,12 @@ def read_datetimes(
 
 
 def _with_offsets(col: pd.Series) -> list[datetime] | None:
-    """ISO 8601 strings whose UTC offsets differ between values, as aware datetimes: local time
-    across a daylight-saving change, as pandas writes an aware column to CSV, which pandas
-    refuses to read back as one column. None unless every value is such a string."""
+    """ISO 8601 strings or datetimes whose UTC offsets differ between values, as aware
+    datetimes: local time across a daylight-saving change, as pandas writes an aware column to
+    CSV (or a JSON parser reads it), which pandas refuses as one column. None unless every
+    value is such a timestamp."""
     try:
-        parsed = [datetime.fromisoformat(v) for v in col.tolist()]
+        parsed = [v if isinstance(v, datetime) else datetime.fromisoformat(v) for v in col.tolist()]
     except (TypeError, ValueError):
         return None
     return parsed if all(v.tzinfo is not None for v in parsed) else None
@@ -247,13 +265,10 @@ def regular_range(
     A start off an anchored grid (a Monday for "W-SUN", mid-month for "ME") is rolled forward
     onto it, as ``pd.date_range`` does, or with ``roll_forward=False`` is an
     `InvalidTimestampsError` (a user's start that means a point in time). An aware start is
-    read on its wall clock for whole-day or calendar steps, in UTC for sub-daily ones: as
-    `on_wall_clock` reads the timestamps such a range stands for.
+    read as `wall_clock_for(freq)` says.
     """
     offset = parse_freq(freq)
-    nanos = fixed_nanos(offset)
-    whole_days = nanos is None or nanos % _DAY_NS == 0
-    given = parse_timestamps(pd.Series([start]), wall_clock=whole_days)
+    given = parse_timestamps(pd.Series([start]), wall_clock=wall_clock_for(freq))
     first = np.array([offset.rollforward(pd.Timestamp(given[0]))], dtype=_NS)
     if not roll_forward and first[0] != given[0]:
         raise InvalidTimestampsError(

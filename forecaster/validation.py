@@ -45,6 +45,7 @@ from forecaster.time_axis import (
     parse_timestamps,
     read_timestamps,
     steps_after,
+    wall_clock_for,
 )
 
 # Larger magnitudes overflow the squared deviations used for scaling, even in float64.
@@ -118,7 +119,7 @@ def validate_long_frame(
     columns = _required_columns(df, [ID, TIME, target, *covariates])
 
     ids, codes, uniques = series_codes(columns[ID])
-    ds, wall_clock = read_timestamps(columns[TIME], ids)
+    ds, wall_clock = read_timestamps(columns[TIME], ids, wall_clock=wall_clock_for(freq))
     values = {
         name: _as_float(columns[name], name, ids, ds, allow_nan=allow_missing and name == target)
         for name in (target, *covariates)

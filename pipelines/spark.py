@@ -16,7 +16,9 @@ order, so each series' rows are put in time order first, where the local path as
 sorted by ``unique_id, ds``. The output schema is read off a
 forecast of a one-point probe series on the driver, which also checks ``horizon`` and
 ``quantiles`` before any job starts. ``ds`` comes out as ``timestamp_ntz``: the naive
-wall-clock times the local path writes, whatever the session's time zone.
+wall-clock times the local path writes, whatever the session's time zone. A Spark DataFrame's
+``timestamp`` is an instant and is read in UTC; ``predict_spark`` reads an aware Parquet
+column of a daily or coarser model on its zone's wall clock, as the local path does.
 
 pyspark is imported here only, so nothing else in the product needs it. Spark 3.5+ and 4.x
 run this unchanged; ``spark_session`` starts a session (on a local master, with the Java
@@ -44,6 +46,7 @@ from pandas._libs.parsers import STR_NA_VALUES  # read_csv's default missing-val
 import forecaster.errors as forecaster_errors
 from forecaster import Forecaster
 from forecaster.errors import EmptyDataError, ForecasterInputError, MissingColumnsError
+from forecaster.time_axis import wall_clock_for
 from forecaster.validation import ID, TARGET, TIME, parse_timestamps
 from pipelines.predict import _CSV, PredictSummary, forecast_batch, load_model
 from pipelines.registry import ModelRef
@@ -338,6 +341,22 @@ def read_input(spark: SparkSession, path: str) -> DataFrame:
     return frame
 
 
+def _parquet_time_zone(path: str) -> str | None:
+    """The time zone of a Parquet input's aware ``ds`` (pandas and Arrow keep it in the schema),
+    or None: a CSV, a naive column, or a store pyarrow cannot open (read in UTC, as Spark does).
+    """
+    if path.lower().endswith(_CSV):
+        return None
+    import pyarrow as pa
+    import pyarrow.dataset as pads
+
+    try:
+        field = pads.dataset(path, format="parquet").schema.field(TIME)
+    except (OSError, KeyError, ValueError, pa.ArrowException):
+        return None
+    return field.type.tz if pa.types.is_timestamp(field.type) else None
+
+
 def predict_spark(
     model: str,
     input_path: str,
@@ -380,6 +399,14 @@ def predict_spark(
             "long CSV with a header row or Parquet",
             field="input",
         ) from None
+    zone = _parquet_time_zone(input_path)
+    if zone is not None and wall_clock_for(forecaster.freq):
+        from pyspark.sql import functions as F
+
+        # Spark reads an aware column as instants (the session runs in UTC) and drops its
+        # zone; the local path reads daily data on its wall clock (time_axis.on_wall_clock).
+        local = F.from_utc_timestamp(F.col(TIME), zone).cast("timestamp_ntz")
+        frame = frame.withColumn(TIME, local)
     forecasts = _forecast(
         frame,
         forecaster,

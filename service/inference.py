@@ -22,7 +22,7 @@ from forecaster.data import quantile_column
 from forecaster.errors import ForecasterInputError, SeriesTooShortError
 from forecaster.forecaster import ModelInputs
 from forecaster.outputs import ForecastArrays
-from forecaster.time_axis import parse_datetimes, regular_range, steps_after
+from forecaster.time_axis import read_datetimes, regular_range, steps_after, wall_clock_for
 from forecaster.validation import series_codes
 from service.errors import InvalidInputError
 from service.model_manager import ServedModel
@@ -168,8 +168,8 @@ def request_frames(
 ) -> FrameParts:
     """The history columns and, for models with covariates, the future covariate columns.
 
-    Timestamps go through the time axis (aware ones read on their wall clock for daily or
-    coarser data, else in UTC; the nanosecond range checked);
+    Timestamps go through the time axis (aware ones read on their wall clock when the model's
+    steps are whole days or coarser, else in UTC; the nanosecond range checked);
     future covariates are stamped with the steps after each series' end on the model's
     frequency, which the core checks the history against. `first_index` is the position of
     `series[0]` in the request (for error messages about a chunk of a large request).
@@ -189,7 +189,7 @@ def request_frames(
             )
         try:
             if s.timestamps is not None:
-                ds = parse_datetimes(s.timestamps)
+                ds, _ = read_datetimes(s.timestamps, wall_clock=wall_clock_for(model_freq))
             else:
                 ds = regular_range(s.start, n, s.freq, roll_forward=False)
         except ForecasterInputError as exc:

@@ -37,8 +37,8 @@ class SeriesIn(BaseModel):
     timestamps: list[datetime] | None = Field(
         None,
         description="One ISO 8601 timestamp per value. Give these or start + freq. With "
-        "offsets, daily or coarser data (all at one local time of day) is read on its local "
-        "clock, anything else in UTC; the forecast's timestamps are naive, read the same way.",
+        "offsets, they are read on their local clock for a model of daily or coarser steps, "
+        "in UTC for a shorter one; the forecast's timestamps are naive, read the same way.",
     )
     start: datetime | None = Field(
         None,

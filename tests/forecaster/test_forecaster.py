@@ -207,6 +207,9 @@ def test_daily_aware_history_is_read_as_its_local_dates(zone):
     assert forecast["ds"].dt.tz_localize(None).tolist() == expected["ds"].tolist()
     assert (forecast["ds"].dt.hour == 0).all()
     np.testing.assert_array_equal(forecast["mean"], expected["mean"])
+    # One timestamp says nothing of its spacing: the daily model reads it as a local date too.
+    last = model.predict(given.groupby("unique_id").tail(1))
+    assert last["ds"].tolist() == forecast["ds"].tolist()
     # The model sees the local dates' calendar.
     inputs, local = model.prepare(given), model.prepare(naive)
     torch.testing.assert_close(inputs.past_covariates, local.past_covariates)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -11,13 +13,14 @@ from forecaster.time_axis import (
     CALENDAR_FEATURES,
     calendar_features,
     on_wall_clock,
-    parse_datetimes,
     parse_freq,
     parse_timestamps,
+    read_datetimes,
     regular_range,
     season_length,
     shift,
     steps_after,
+    wall_clock_for,
 )
 
 
@@ -113,7 +116,7 @@ def test_regular_range_rolls_onto_anchored_grids_as_pandas_does(freq):
 
 
 def test_regular_range_and_parse_timestamps_check_the_range():
-    # An aware start is converted to UTC, as every timestamp is.
+    # An aware start of hourly steps is converted to UTC (whole days: test below).
     got = regular_range("2024-01-01T00:00:00+01:00", 2, "h")
     np.testing.assert_array_equal(
         got, np.array(["2023-12-31T23:00", "2024-01-01T00:00"], "datetime64[ns]")
@@ -140,6 +143,29 @@ def test_on_wall_clock_for_one_local_time_of_day(wall, expected):
     assert on_wall_clock(wall.to_numpy()) is expected
 
 
+@pytest.mark.parametrize(
+    ("freq", "expected"),
+    [(None, None), ("D", True), ("7D", True), ("W-SUN", True), ("MS", True), ("B", True)]
+    + [("h", False), ("12h", False), ("bh", False), ("15min", False)],
+)
+def test_wall_clock_for_a_known_frequency(freq, expected):
+    assert wall_clock_for(freq) is expected
+
+
+def test_a_known_daily_frequency_reads_even_one_timestamp_as_a_local_date():
+    """A history of one timestamp says nothing of its spacing; the model's frequency does."""
+    one = pd.Series(pd.DatetimeIndex(["2024-04-01"]).tz_localize("Europe/Berlin"))
+    assert parse_timestamps(one) == np.datetime64("2024-03-31T22:00")  # no frequency: UTC
+    assert parse_timestamps(one, wall_clock=wall_clock_for("D")) == np.datetime64("2024-04-01")
+    text = ["2024-03-31T00:00:00+01:00", "2024-04-01T00:00:00+02:00"]
+    assert (
+        read_datetimes([datetime.fromisoformat(t) for t in text])[0]
+        == np.array(["2024-03-31", "2024-04-01"], "datetime64[ns]")
+    ).all()
+    hourly = read_datetimes([datetime.fromisoformat(t) for t in text], wall_clock=False)[0]
+    assert (hourly == np.array(["2024-03-30T23:00", "2024-03-31T22:00"], "datetime64[ns]")).all()
+
+
 @pytest.mark.parametrize("zone", ["Europe/Berlin", "Asia/Tokyo"])
 def test_daily_aware_timestamps_are_read_as_local_dates(zone):
     # In UTC, Berlin midnights move from 23:00 to 22:00 at the March change; Tokyo's are 15:00
@@ -157,22 +183,32 @@ def test_hourly_aware_timestamps_across_dst_are_read_in_utc():
     assert (np.diff(got) == np.timedelta64(1, "h")).all()
 
 
-def test_parse_datetimes_reads_daily_offsets_on_the_wall_clock():
+def test_read_datetimes_reads_daily_offsets_on_the_wall_clock():
     local = pd.date_range("2024-03-20", periods=30, freq="D")
     # Fixed offsets as a JSON parser gives them: +01:00, then +02:00 from 31 March.
     given = [t.tz_localize("Europe/Berlin").to_pydatetime() for t in local]
     assert {v.utcoffset() for v in given} == {pd.Timedelta(hours=1), pd.Timedelta(hours=2)}
-    np.testing.assert_array_equal(parse_datetimes(given), local.to_numpy())
+    np.testing.assert_array_equal(read_datetimes(given)[0], local.to_numpy())
     hourly = pd.date_range("2024-03-30 12:00", periods=48, freq="h", tz="Europe/Berlin")
     np.testing.assert_array_equal(
-        parse_datetimes(list(hourly.to_pydatetime())),
+        read_datetimes(list(hourly.to_pydatetime()))[0],
         hourly.tz_convert("UTC").tz_localize(None).to_numpy(),
     )
     # Naive and aware values mixed: aware ones still converted to UTC.
     mixed = [local[0].to_pydatetime(), given[1]]
     np.testing.assert_array_equal(
-        parse_datetimes(mixed), np.array(["2024-03-20", "2024-03-20T23:00"], "datetime64[ns]")
+        read_datetimes(mixed)[0], np.array(["2024-03-20", "2024-03-20T23:00"], "datetime64[ns]")
     )
+
+
+def test_a_column_of_datetimes_with_changing_offsets_is_read_by_the_same_rule():
+    """Datetimes with fixed offsets (as a JSON parser gives them) in an object column: pandas
+    turns the ones whose offset differs into NaT; they read as the service reads them."""
+    daily = pd.date_range("2024-03-28", periods=6, freq="D")
+    column = pd.Series(
+        [t.tz_localize("Europe/Berlin").to_pydatetime() for t in daily], dtype=object
+    )
+    np.testing.assert_array_equal(parse_timestamps(column), daily.to_numpy())
 
 
 def test_text_with_offsets_that_change_is_read_by_the_same_rule():

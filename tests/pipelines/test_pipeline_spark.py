@@ -6,10 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from forecaster import Forecaster, ModelConfig, TrainConfig
+from forecaster.synthetic import generate_synthetic
 from pipelines.cli import main
 from pipelines.predict import predict_file
 from pipelines.registry import download_forecaster, resolve_model
-from pipelines.spark import forecast_spark, spark_session
+from pipelines.spark import forecast_spark, predict_spark, spark_session
 from tests.pipelines.pipeline_helpers import synthetic
 
 # Starting the JVM and the Python workers (torch, mlflow) takes seconds.
@@ -111,3 +113,27 @@ def test_cli_spark_engine_names_bad_input(spark, tracking_uri, history, tmp_path
     assert "series 'series_004': column 'y' holds 'abc'" in capsys.readouterr().err
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["earlier.parquet"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv", "no_y.csv", "out"]
+
+
+def test_aware_daily_parquet_is_read_as_the_local_path_reads_it(spark, tmp_path):
+    """Spark reads an aware column as instants; a daily model reads local dates on both paths
+    (the history spans the March daylight-saving change, off the daily grid in UTC)."""
+    naive = generate_synthetic(n_series=2, n_steps=100, freq="D", start="2024-01-01", seed=0)
+    config = ModelConfig(
+        context_length=32,
+        prediction_length=8,
+        patch_length=4,
+        d_model=16,
+        n_heads=2,
+        n_encoder_layers=1,
+        d_ff=32,
+    )
+    model = Forecaster(config, TrainConfig(max_epochs=1, progress=False, device="cpu"))
+    model.fit(naive).save(tmp_path / "model")
+    aware = naive.assign(ds=naive["ds"].dt.tz_localize("Europe/Berlin"))
+    aware.to_parquet(tmp_path / "in.parquet", index=False)
+    predict_file(str(tmp_path / "model"), tmp_path / "in.parquet", tmp_path / "local.parquet")
+    predict_spark(str(tmp_path / "model"), str(tmp_path / "in.parquet"), str(tmp_path / "out"))
+    local = pd.read_parquet(tmp_path / "local.parquet")
+    assert (local["ds"].dt.hour == 0).all()
+    _assert_same_rows(pd.read_parquet(tmp_path / "out"), local)

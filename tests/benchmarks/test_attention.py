@@ -10,17 +10,10 @@ from benchmarks.attention import PARTS, attention_summary, uniform_attention
 from forecaster import ModelConfig
 from forecaster.model import PatchTransformer
 from forecaster.outputs import AttentionMaps
+from tests.forecaster.conftest import TINY_MODEL
 
-CONFIG = ModelConfig(
-    context_length=32,
-    prediction_length=12,
-    patch_length=4,
-    d_model=16,
-    n_heads=2,
-    n_encoder_layers=2,
-    d_ff=32,
-    dropout=0.0,
-)
+# Two encoder layers and three horizon tokens: every kind of attention has layers to flatten.
+CONFIG = ModelConfig(**{**TINY_MODEL, "prediction_length": 12, "n_encoder_layers": 2})
 
 
 def _model_and_batch() -> tuple[PatchTransformer, torch.Tensor, torch.Tensor]:

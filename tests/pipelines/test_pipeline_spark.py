@@ -12,6 +12,7 @@ from pipelines.cli import main
 from pipelines.predict import predict_file
 from pipelines.registry import download_forecaster, resolve_model
 from pipelines.spark import forecast_spark, predict_spark, spark_session
+from tests.forecaster.conftest import TINY_MODEL, TINY_TRAIN
 from tests.pipelines.pipeline_helpers import synthetic
 
 # Starting the JVM and the Python workers (torch, mlflow) takes seconds.
@@ -119,16 +120,8 @@ def test_aware_daily_parquet_is_read_as_the_local_path_reads_it(spark, tmp_path)
     """Spark reads an aware column as instants; a daily model reads local dates on both paths
     (the history spans the March daylight-saving change, off the daily grid in UTC)."""
     naive = generate_synthetic(n_series=2, n_steps=100, freq="D", start="2024-01-01", seed=0)
-    config = ModelConfig(
-        context_length=32,
-        prediction_length=8,
-        patch_length=4,
-        d_model=16,
-        n_heads=2,
-        n_encoder_layers=1,
-        d_ff=32,
-    )
-    model = Forecaster(config, TrainConfig(max_epochs=1, progress=False, device="cpu"))
+    train = TrainConfig(**{**TINY_TRAIN, "max_epochs": 1})
+    model = Forecaster(ModelConfig(**TINY_MODEL), train)
     model.fit(naive).save(tmp_path / "model")
     aware = naive.assign(ds=naive["ds"].dt.tz_localize("Europe/Berlin"))
     aware.to_parquet(tmp_path / "in.parquet", index=False)

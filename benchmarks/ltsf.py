@@ -29,10 +29,10 @@ import pandas as pd
 import torch
 from sklearn.preprocessing import StandardScaler
 
-from benchmarks.attention import PARTS, attention_summary, uniform_attention
 from benchmarks.overrides import add_set_option, overrides_of
 from forecaster import Forecaster, ModelConfig, TrainConfig
 from forecaster.data import wide_to_long
+from forecaster.explain import LABELS, PARTS, attention_summary, uniform_attention
 from forecaster.metrics import coverage
 
 HORIZONS = (96, 192, 336, 720)
@@ -117,14 +117,14 @@ def _scores(forecaster: Forecaster, frame: pd.DataFrame) -> dict[str, float]:
 
 
 def attention_earned(forecaster: Forecaster, frame: pd.DataFrame, n_origins: int = 12) -> dict:
-    """Validation MSE and MAE with each kind of attention made uniform (benchmarks.attention),
+    """Validation MSE and MAE with each kind of attention made uniform (forecaster.explain),
     and how peaked the learned attention is, averaged over `n_origins` forecast origins spread
     over `frame`."""
     earned = {}
     for part in PARTS:
         with uniform_attention(forecaster.model, part):
             scores = _scores(forecaster, frame)
-        earned[f"uniform {part}"] = {"val_mse": scores["mse"], "val_mae": scores["mae"]}
+        earned[f"uniform {LABELS[part]}"] = {"val_mse": scores["mse"], "val_mae": scores["mae"]}
     times = np.sort(frame["ds"].unique())
     first, last = forecaster.context_length - 1, len(times) - 1
     origins = times[np.linspace(first, last, n_origins).round().astype(int)]
@@ -256,16 +256,14 @@ def print_table(results: list[dict[str, object]]) -> None:
         print("What attention earns: validation MSE / MAE, learned and with one kind made uniform")
         print(
             "| variant | horizon | seed | learned | "
-            + " | ".join(f"uniform {p}" for p in PARTS)
+            + " | ".join(f"uniform {LABELS[p]}" for p in PARTS)
             + " | entropy / uniform (enc, dec, cross) | cross rows apart |"
         )
         print("|---" * (len(PARTS) + 6) + "|")
         for r in earned:
             a = r["attention"]
-            cells = [
-                f"{a[f'uniform {p}']['val_mse']:.4f} / {a[f'uniform {p}']['val_mae']:.4f}"
-                for p in PARTS
-            ]
+            uniform = [a[f"uniform {LABELS[p]}"] for p in PARTS]
+            cells = [f"{u['val_mse']:.4f} / {u['val_mae']:.4f}" for u in uniform]
             s = a["summary"]
             print(
                 f"| {r['variant']} | {r['horizon']} | {r['seed']} "

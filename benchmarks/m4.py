@@ -24,7 +24,7 @@ the last three days), beside seasonal naive on the same damaged histories: what 
 outage costs a model trained on clean data.
 
 `--attention` scores each fitted model once more with each kind of its attention made uniform
-(`benchmarks.attention`): what attention earns on the held-out points, and how peaked it is.
+(`forecaster.explain`): what attention earns on the held-out points, and how peaked it is.
 
 Peers run in the same command when the optional extra is installed (`pip install -e
 ".[peers]"`, best in its own virtual environment: statsforecast needs pandas < 3): NeuralForecast's
@@ -51,11 +51,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from benchmarks.attention import PARTS, attention_summary, uniform_attention
 from benchmarks.overrides import add_set_option, overrides_of
 from forecaster import Forecaster, ModelConfig, TrainConfig
 from forecaster.baselines import SeasonalNaive
 from forecaster.data import quantile_column
+from forecaster.explain import LABELS, PARTS, attention_summary, uniform_attention
 from forecaster.metrics import coverage, mase_scale, smape
 
 HORIZON = 48
@@ -409,7 +409,11 @@ def main(argv: list[str] | None = None) -> int:
         add(f"ours (seed {seed})", forecast, info["train_seconds"], seed=seed, **info)
         for part in PARTS if args.attention else ():
             with uniform_attention(forecaster.model, part):
-                add(f"ours (seed {seed}), uniform {part}", predict_ours(forecaster, split), None)
+                add(
+                    f"ours (seed {seed}), uniform {LABELS[part]}",
+                    predict_ours(forecaster, split),
+                    None,
+                )
         for pattern, gappy in damaged.items():
             add(f"ours (seed {seed}), {pattern}", predict_ours(forecaster, gappy), None, gappy)
     for pattern, gappy in damaged.items():

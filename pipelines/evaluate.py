@@ -1,8 +1,11 @@
 """Evaluate: rolling-origin backtest of the model beside seasonal naive, logged to MLflow.
 
 Logged to the run: ``backtest_<metric>`` and ``baseline_<metric>`` for MAE, MSE, RMSE, MASE,
-sMAPE, pinball loss and interval coverage; ``evaluation/metrics.csv`` (and the same table
-for the UI's artifact viewer as JSON); ``plots/forecast.png`` (the last backtest window:
+sMAPE, pinball loss and interval coverage; ``attention_earned_<kind>`` for the encoder's
+self-attention, the decoder's self-attention and the cross-attention, the relative rise of
+the backtest MASE when that attention is made uniform (``forecaster.explain``: about 0 means
+the model's attention earns nothing on this data); ``evaluation/metrics.csv`` (and the same
+table for the UI's artifact viewer as JSON); ``plots/forecast.png`` (the last backtest window:
 history, actuals, the forecast and its quantile band for a few series) and
 ``plots/attention.png`` (the attention maps behind one of those forecasts).
 """
@@ -13,7 +16,7 @@ import logging
 import math
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -23,6 +26,7 @@ from mlflow.tracking import MlflowClient
 from forecaster import Forecaster
 from forecaster.backtest import BacktestResult, backtest
 from forecaster.baselines import SeasonalNaive
+from forecaster.explain import attention_earned
 from forecaster.plotting import plot_attention, plot_forecast
 
 logger = logging.getLogger(__name__)
@@ -37,6 +41,8 @@ class Evaluation:
     n_windows: int
     horizon: int
     forecasts: pd.DataFrame  # the model's backtest forecasts beside the truth
+    # Per kind of attention, the relative rise of the MASE with it made uniform.
+    attention_earned: dict[str, float] = field(default_factory=dict)
 
     def table(self) -> pd.DataFrame:
         """One row per metric: model, seasonal naive, and model / naive."""
@@ -74,13 +80,23 @@ def evaluate(
         n_windows=n_windows,
         horizon=horizon,
         forecasts=model_bt.forecasts,
+        attention_earned=attention_earned(
+            forecaster,
+            frame,
+            n_windows=n_windows,
+            horizon=horizon,
+            learned_mase=model_bt.metrics["mase"],
+        ),
     )
+    earned = ", ".join(f"{k} {v:+.1%}" for k, v in evaluation.attention_earned.items())
     logger.info(
-        "backtest over %d window(s) of %d steps in %.1fs:\n%s",
+        "backtest over %d window(s) of %d steps in %.1fs:\n%s\nMASE with each attention made "
+        "uniform (what it earns): %s",
         n_windows,
         horizon,
         time.perf_counter() - started,
         evaluation.table().to_string(index=False, float_format="%.4f"),
+        earned,
     )
     if client is not None and run_id is not None:
         _log(evaluation, forecaster, frame, model_bt, client, run_id, plot_series)
@@ -99,7 +115,11 @@ def _log(
     now = int(time.time() * 1000)
     metrics = [
         Metric(f"{prefix}_{name}", float(value), now, 0)
-        for prefix, values in (("backtest", evaluation.model), ("baseline", evaluation.baseline))
+        for prefix, values in (
+            ("backtest", evaluation.model),
+            ("baseline", evaluation.baseline),
+            ("attention_earned", evaluation.attention_earned),
+        )
         for name, value in values.items()
         if math.isfinite(value)
     ]

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from benchmarks import ltsf
-from benchmarks.attention import PARTS
+from forecaster.explain import LABELS, PARTS
 
 TINY = {
     "model": {"d_model": 8, "n_heads": 2, "d_ff": 16, "n_encoder_layers": 1, "quantiles": ()},
@@ -63,6 +63,6 @@ def test_run_scores_validation_with_each_kind_of_attention_uniform(wide_csv):
     result = ltsf.run_one(wide_csv, 24, 48, seed=0, device="cpu", overrides=TINY, attention=True)
     earned = result["attention"]
     for part in PARTS:
-        assert np.isfinite(earned[f"uniform {part}"]["val_mae"])
+        assert np.isfinite(earned[f"uniform {LABELS[part]}"]["val_mae"])
     assert 0 < earned["summary"]["encoder_entropy"] <= 1
     assert ltsf.run_one(wide_csv, 24, 48, seed=0, device="cpu", overrides=TINY)["attention"] is None

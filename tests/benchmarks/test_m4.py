@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from benchmarks import m4
-from benchmarks.attention import PARTS
+from forecaster.explain import LABELS, PARTS
 
 
 @pytest.fixture()
@@ -114,6 +114,6 @@ def test_cli_scores_the_model_again_with_each_kind_of_attention_uniform(wide_csv
     assert m4.main(args + [a for s in settings for a in ("--set", s)]) == 0
     rows = {r["model"]: r for r in json.loads(out.read_text())["results"]}
     for part in PARTS:
-        assert np.isfinite(rows[f"ours (seed 0), uniform {part}"]["owa"])
+        assert np.isfinite(rows[f"ours (seed 0), uniform {LABELS[part]}"]["owa"])
     summary = rows["ours (seed 0)"]["attention"]
     assert 0 < summary["cross_entropy"] <= 1

@@ -50,6 +50,9 @@ def test_the_run_holds_params_learning_curves_metrics_and_artifacts(champion_sto
     for metric in ("mae", "mse", "mase", "smape", "pinball", "coverage_80"):
         assert f"backtest_{metric}" in run.data.metrics
         assert f"baseline_{metric}" in run.data.metrics
+    for kind in ("encoder", "decoder_self", "cross"):
+        earned = run.data.metrics[f"attention_earned_{kind}"]
+        assert earned == pytest.approx(result.evaluation.attention_earned[kind])
     artifacts = {a.path for a in client.list_artifacts(result.run_id)}
     assert {"evaluation", "plots"} <= artifacts
     plots = {a.path for a in client.list_artifacts(result.run_id, "plots")}

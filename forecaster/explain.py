@@ -5,7 +5,8 @@ Zeroing a layer's queries makes every score equal, so each query averages the va
 the keys it may attend to (padding masks and causality still apply). The layer keeps its
 projections, its feed-forward network and its residual path; it loses only its choice of
 where to look. The gap between the learned and the uniform forecasts, on windows the model
-was not trained on, is what that choice earns.
+was not trained on, is what that choice earns: the pipelines log it for every evaluated model
+(`attention_earned_*`), the benchmarks print it (`--attention`).
 """
 
 from __future__ import annotations
@@ -15,28 +16,39 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
+import pandas as pd
 import torch
 
 from forecaster.attention import MultiHeadAttention
+from forecaster.forecaster import Forecaster
 from forecaster.model import PatchTransformer
 from forecaster.outputs import AttentionMaps
 
-PARTS = ("encoder self-attention", "decoder self-attention", "cross-attention")
+# The kinds of attention, named as in AttentionMaps, and how reports spell them.
+PARTS = ("encoder", "decoder_self", "cross")
+LABELS = {
+    "encoder": "encoder self-attention",
+    "decoder_self": "decoder self-attention",
+    "cross": "cross-attention",
+}
 
 
 def _layers(model: PatchTransformer, part: str) -> list[MultiHeadAttention]:
-    if part == "encoder self-attention":
+    if part == "encoder":
         return [block.self_attention for block in model.encoder.layers]
-    if part == "decoder self-attention":
+    if part == "decoder_self":
         return [block.self_attention for block in model.decoder.layers]
-    if part == "cross-attention":
+    if part == "cross":
         return [block.cross_attention for block in model.decoder.layers]
     raise ValueError(f"part: expected one of {PARTS}, got {part!r}")
 
 
 @contextmanager
 def uniform_attention(model: PatchTransformer, part: str) -> Iterator[None]:
-    """Within the block, every layer of `part` (one of PARTS) attends uniformly."""
+    """Within the block, every layer of `part` (one of PARTS) attends uniformly.
+
+    The model is changed in place for the duration of the block: not thread-safe.
+    """
 
     def zero_queries(_module: torch.nn.Module, _inputs: object, output: torch.Tensor):
         return torch.zeros_like(output)
@@ -94,3 +106,28 @@ def attention_summary(maps: AttentionMaps) -> dict[str, float]:
         "cross_entropy": _entropy_ratio(cross, (cross > 0).any(axis=-2, keepdims=True)),
         "cross_row_distance": distance,
     }
+
+
+def attention_earned(
+    forecaster: Forecaster,
+    frame: pd.DataFrame,
+    *,
+    n_windows: int,
+    horizon: int,
+    learned_mase: float | None = None,
+) -> dict[str, float]:
+    """Per kind of attention (PARTS), the relative rise of the backtest MASE over the last
+    `n_windows` horizons of `frame` when that attention is made uniform: 0.1 means the learned
+    attention lowers the error by a tenth of it; about 0 means it earns nothing there.
+    `learned_mase`: the model's own backtest MASE on the same windows, when already known."""
+    if learned_mase is None:
+        learned = forecaster.backtest(frame, n_windows=n_windows, horizon=horizon)
+        learned_mase = learned.metrics["mase"]
+    if not learned_mase > 0:  # a perfect (or unscorable) backtest leaves nothing to earn
+        return dict.fromkeys(PARTS, math.nan)
+    earned = {}
+    for part in PARTS:
+        with uniform_attention(forecaster.model, part):
+            uniform = forecaster.backtest(frame, n_windows=n_windows, horizon=horizon)
+        earned[part] = uniform.metrics["mase"] / learned_mase - 1
+    return earned

@@ -1,4 +1,6 @@
-"""The attention ablation: uniform attention where asked, nowhere else, and only while asked."""
+"""What attention earns (forecaster.explain): uniform attention where asked, nowhere else, and
+only while asked; the summary of how peaked attention is; the backtest of each kind made
+uniform."""
 
 from __future__ import annotations
 
@@ -6,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.attention import PARTS, attention_summary, uniform_attention
-from forecaster import ModelConfig
+from forecaster import Forecaster, ModelConfig, TrainConfig
+from forecaster.explain import PARTS, attention_earned, attention_summary, uniform_attention
 from forecaster.model import PatchTransformer
 from forecaster.outputs import AttentionMaps
-from tests.forecaster.conftest import TINY_MODEL
+from tests.forecaster.conftest import TINY_MODEL, TINY_TRAIN
 
 # Two encoder layers and three horizon tokens: every kind of attention has layers to flatten.
 CONFIG = ModelConfig(**{**TINY_MODEL, "prediction_length": 12, "n_encoder_layers": 2})
@@ -32,9 +34,9 @@ def _weights(model, values, observed) -> dict[str, list[torch.Tensor]]:
     output, attention = model(values, observed, return_attention=True)
     return {
         "mean": output.mean,
-        "encoder self-attention": attention.encoder,
-        "decoder self-attention": attention.decoder_self,
-        "cross-attention": attention.cross,
+        "encoder": attention.encoder,
+        "decoder_self": attention.decoder_self,
+        "cross": attention.cross,
     }
 
 
@@ -57,12 +59,10 @@ def test_uniform_attention_spreads_each_query_evenly_over_the_keys_it_may_see(pa
 def test_uniform_attention_touches_only_its_part_and_ends_with_the_block():
     model, values, observed = _model_and_batch()
     learned = _weights(model, values, observed)
-    with uniform_attention(model, "cross-attention"):
+    with uniform_attention(model, "cross"):
         uniform = _weights(model, values, observed)
     # The encoder runs before the cross-attention: its weights are untouched.
-    for before, during in zip(
-        learned["encoder self-attention"], uniform["encoder self-attention"], strict=True
-    ):
+    for before, during in zip(learned["encoder"], uniform["encoder"], strict=True):
         torch.testing.assert_close(before, during)
     after = _weights(model, values, observed)
     torch.testing.assert_close(after["mean"], learned["mean"])
@@ -113,3 +113,22 @@ def test_summary_counts_a_key_of_weight_zero_as_seen_when_another_query_weighs_i
     )
     # Rows of tokens 1, 2, 3 over keys 1, 2, 3: entropy 0, 1 and 1 of a uniform row's.
     assert attention_summary(maps)["encoder_entropy"] == pytest.approx(2 / 3)
+
+
+def test_attention_earned_compares_each_uniform_backtest_with_the_learned_one(series):
+    # Without its linear start the model forecasts through attention alone.
+    config = ModelConfig(**{**TINY_MODEL, "linear_start": False})
+    train = TrainConfig(**{**TINY_TRAIN, "max_epochs": 8, "learning_rate": 3e-3})
+    model = Forecaster(config, train).fit(series)
+    assert model.train_result.best_epoch > 0
+    earned = attention_earned(model, series, n_windows=2, horizon=8)
+    assert set(earned) == set(PARTS)
+    learned = model.backtest(series, n_windows=2, horizon=8).metrics["mase"]
+    with uniform_attention(model.model, "cross"):
+        uniform = model.backtest(series, n_windows=2, horizon=8).metrics["mase"]
+    assert earned["cross"] == pytest.approx(uniform / learned - 1)
+    # The decoder reads the context only through the cross-attention: uniform, it is lost.
+    assert earned["cross"] > 0.05
+    assert all(abs(value) > 1e-6 for value in earned.values())
+    # The hooks are gone: the model forecasts as it learned to.
+    assert model.backtest(series, n_windows=2, horizon=8).metrics["mase"] == learned

@@ -116,7 +116,9 @@ def _scores(forecaster: Forecaster, frame: pd.DataFrame) -> dict[str, float]:
     return scores
 
 
-def attention_earned(forecaster: Forecaster, frame: pd.DataFrame, n_origins: int = 12) -> dict:
+def uniform_attention_scores(
+    forecaster: Forecaster, frame: pd.DataFrame, n_origins: int = 12
+) -> dict:
     """Validation MSE and MAE with each kind of attention made uniform (forecaster.explain),
     and how peaked the learned attention is, averaged over `n_origins` forecast origins spread
     over `frame`."""
@@ -173,7 +175,7 @@ def run_one(
     earned = None
     # The linear start alone never trains its attention: nothing to measure.
     if attention and variant != "linear start alone":
-        earned = attention_earned(forecaster, splits.val)
+        earned = uniform_attention_scores(forecaster, splits.val)
     return {
         "dataset": data.stem,
         "variant": variant,

@@ -165,10 +165,10 @@ def run_one(
     val = _scores(forecaster, splits.val)
     test = _scores(forecaster, splits.test)
     # The band as trained, before its calibration on the validation windows.
-    scale = forecaster.model.interval_scale.item()
+    scales = forecaster.model.interval_scale.clone()
     forecaster.model.interval_scale.fill_(1.0)
     uncalibrated = _scores(forecaster, splits.test).get("band_coverage")
-    forecaster.model.interval_scale.fill_(scale)
+    forecaster.model.interval_scale.copy_(scales)
     n_vars = splits.test["unique_id"].nunique()
     assert test["windows"] == splits.n_test_windows * n_vars, "every test window must be scored"
     result = forecaster.train_result

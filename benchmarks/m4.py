@@ -56,7 +56,7 @@ from forecaster import Forecaster, ModelConfig, TrainConfig
 from forecaster.baselines import SeasonalNaive
 from forecaster.data import quantile_column
 from forecaster.explain import LABELS, PARTS, attention_summary, uniform_attention
-from forecaster.metrics import coverage, mase_scale, smape
+from forecaster.metrics import coverage, coverage_by_history, mase_scale, smape
 
 HORIZON = 48
 SEASON = 24
@@ -269,19 +269,28 @@ def run_ours(split: Split, seed: int, overrides: dict) -> tuple[Forecaster, np.n
             "interval_scale": r.interval_scale,
             "patch_length": forecaster.model_config.patch_length,
             "parameters": sum(p.numel() for p in forecaster.model.parameters()),
-            **calibration(split, predicted, forecaster.quantiles),
+            **calibration(
+                split, predicted, forecaster.quantiles, forecaster.model_config.context_length
+            ),
         },
     )
 
 
-def calibration(split: Split, predicted: pd.DataFrame, levels: tuple[float, ...]) -> dict:
+def calibration(
+    split: Split, predicted: pd.DataFrame, levels: tuple[float, ...], context_length: int
+) -> dict:
     """How often the truth falls below each quantile forecast (ideally the level itself), and
-    inside the band between the outer quantiles (ideally their difference)."""
+    inside the band between the outer quantiles (ideally their difference), overall and by
+    the band of history the model saw (`forecaster.model.history_band`)."""
     bands = {q: forecasts_from_frame(split, predicted, quantile_column(q)) for q in levels}
     out: dict = {"share_below": {str(q): float(np.mean(split.truth < b)) for q, b in bands.items()}}
     if len(levels) >= 2:
         low, high = bands[levels[0]], bands[levels[-1]]
         out["band_coverage"] = {f"{levels[0]}-{levels[-1]}": coverage(split.truth, low, high)}
+        history = np.array([len(h) for h in split.history])
+        out["band_coverage_by_history"] = coverage_by_history(
+            split.truth, low, high, history, context_length
+        )
     return out
 
 

@@ -40,7 +40,7 @@ import pandas as pd
 from benchmarks.overrides import add_set_option, overrides_of
 from forecaster import Forecaster, ModelConfig, TrainConfig
 from forecaster.data import quantile_column
-from forecaster.metrics import coverage, mase_scale, smape
+from forecaster.metrics import coverage, coverage_by_history, mase_scale, smape
 
 HORIZON = 6
 N_SERIES = 600
@@ -150,14 +150,24 @@ def _by_series(forecast: pd.DataFrame, column: str, order: np.ndarray) -> np.nda
 
 
 def _band_coverage(
-    series: list[np.ndarray], forecast: pd.DataFrame, order: np.ndarray, levels: tuple[float, ...]
-) -> dict[str, float]:
-    """Share of the held-out points inside the band between the outer quantiles."""
+    series: list[np.ndarray],
+    forecast: pd.DataFrame,
+    order: np.ndarray,
+    levels: tuple[float, ...],
+    context_length: int,
+) -> dict:
+    """Share of the held-out points inside the band between the outer quantiles, overall and
+    by the band of history the model saw."""
     if len(levels) < 2:
         return {}
     low, high = (_by_series(forecast, quantile_column(q), order) for q in (levels[0], levels[-1]))
-    actual = np.stack([y[-low.shape[1] :] for y in series])
-    return {"band_coverage": coverage(actual, low, high)}
+    horizon = low.shape[1]
+    actual = np.stack([y[-horizon:] for y in series])
+    history = np.array([len(y) - horizon for y in series])
+    return {
+        "band_coverage": coverage(actual, low, high),
+        "band_coverage_by_history": coverage_by_history(actual, low, high, history, context_length),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,7 +213,13 @@ def main(argv: list[str] | None = None) -> int:
             "best_val_loss": result.best_val_loss,
             "linear_start_ridge": result.linear_start_ridge,
             "interval_scale": result.interval_scale,
-            **_band_coverage(series, forecast, order, forecaster.quantiles),
+            **_band_coverage(
+                series,
+                forecast,
+                order,
+                forecaster.quantiles,
+                forecaster.model_config.context_length,
+            ),
             "context_length": forecaster.model_config.context_length,
             "patch_length": forecaster.model_config.patch_length,
         }

@@ -25,6 +25,19 @@ def _check(condition: bool, name: str, expected: str, actual: object) -> None:
         raise InvalidConfigError(f"{name}: expected {expected}, got {actual!r}", field=name)
 
 
+# Edges, as fractions of the context length L, of the bands of history whose intervals are
+# calibrated apart: a window that has observed at most L/32, L/16, L/8, L/4, L/2 or more than
+# L/2 steps since its series began. A model knows less the less history it sees, and its
+# learned bands come out narrowest there (M4 Hourly, README design).
+HISTORY_EDGES = (1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2)
+N_HISTORY_BANDS = len(HISTORY_EDGES) + 1
+# How logs, metrics and reports name the bands.
+HISTORY_BANDS = (
+    *(f"up_to_L/{round(1 / edge)}" for edge in HISTORY_EDGES),
+    f"beyond_L/{round(1 / HISTORY_EDGES[-1])}",
+)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Architecture of the patch Transformer encoder-decoder (see forecaster.model)."""
@@ -196,12 +209,14 @@ class TrainConfig:
     # evaluated run's TrainResult.kept_lr_factors replays the path that led to its best
     # weights, so a model refit on all data trains as far as validation said. None: not a refit.
     replay_lr_factors: tuple[float, ...] | None = None
-    # Factor on the quantiles' offsets from the point forecast. None: after training, the one
-    # (of a grid from 0.5 to 2) under which the band between the outer quantiles holds its
-    # nominal share of the validation targets (0.8 for 0.1-0.9), or 1 without them; a refit
-    # replays the evaluated run's (TrainResult.interval_scale). On M4 Hourly the band is
-    # narrow on unseen windows without it (README, design).
-    interval_scale: float | None = None
+    # Factors on the quantiles' offsets from the point forecast, one per band of
+    # HISTORY_EDGES (a window that sees at most L/32 of history first, more than L/2 last); one
+    # number is the same factor for all. None: after training, for each band the factor (of a
+    # grid from 0.5 to 8) under which the band between the outer quantiles holds its nominal
+    # share of the validation targets (0.8 for 0.1-0.9), or 1 without them; a refit replays
+    # the evaluated run's (TrainResult.interval_scale). On M4 Hourly the band is narrow on
+    # unseen windows without it, and narrower the less history a window has (README, design).
+    interval_scale: float | tuple[float, ...] | None = None
     # Global gradient-norm clip; 0 disables clipping.
     grad_clip: float = 1.0
     # Validate, keep and return an exponential moving average of the weights (Polyak
@@ -249,13 +264,18 @@ class TrainConfig:
         _check(0 < self.lr_decay < 1, "lr_decay", "in (0, 1)", self.lr_decay)
         _check(self.max_lr_decays >= 0, "max_lr_decays", ">= 0", self.max_lr_decays)
         _check(self.patience >= 1, "patience", ">= 1", self.patience)
-        _check(
-            self.interval_scale is None
-            or (math.isfinite(self.interval_scale) and self.interval_scale > 0),
-            "interval_scale",
-            "None or a positive finite factor",
-            self.interval_scale,
-        )
+        if self.interval_scale is not None:
+            scales = self.interval_scale
+            if isinstance(scales, (int, float)):
+                scales = (scales,) * N_HISTORY_BANDS
+            _check(
+                len(scales) == N_HISTORY_BANDS
+                and all(isinstance(f, (int, float)) and math.isfinite(f) and f > 0 for f in scales),
+                "interval_scale",
+                f"None, a positive finite factor or {N_HISTORY_BANDS} of them",
+                self.interval_scale,
+            )
+            object.__setattr__(self, "interval_scale", tuple(float(f) for f in scales))
         _check(self.grad_clip >= 0, "grad_clip", ">= 0", self.grad_clip)
         _check(0.0 <= self.ema_decay < 1.0, "ema_decay", "in [0, 1)", self.ema_decay)
         _check(

@@ -24,7 +24,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from forecaster.columns import ID, TIME
-from forecaster.config import ModelConfig, TrainConfig, config_from_dict, config_to_dict
+from forecaster.config import (
+    N_HISTORY_BANDS,
+    ModelConfig,
+    TrainConfig,
+    config_from_dict,
+    config_to_dict,
+)
 from forecaster.errors import (
     ForecasterInputError,
     HorizonTooLongError,
@@ -499,8 +505,12 @@ class Forecaster:
         forecaster.freq = meta["freq"]
         model = PatchTransformer(forecaster.model_config)
         state = load_file(path / WEIGHTS_FILE)
-        # A model saved before intervals were calibrated was used with a scale of 1.
-        state.setdefault("interval_scale", torch.ones(()))
+        # A model saved before intervals were calibrated was used with a scale of 1, one saved
+        # before they were calibrated per band of history with one factor for all.
+        scale = state.get("interval_scale", torch.ones(()))
+        state["interval_scale"] = (
+            scale.expand(N_HISTORY_BANDS).clone() if scale.dim() == 0 else scale
+        )
         model.load_state_dict(state)
         forecaster.model = model.to(forecaster.device).eval()
         reference_file = path / REFERENCE_FILE

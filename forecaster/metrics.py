@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from forecaster.config import HISTORY_BANDS, HISTORY_EDGES
 from forecaster.data import ID, TARGET, TIME, quantile_column
 from forecaster.errors import EmptyDataError, InvalidConfigError, MissingColumnsError
 
@@ -100,6 +101,28 @@ def coverage(y: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> float:
     y, lower = _pair(y, lower)
     _, upper = _pair(y, upper)
     return float(np.mean((y >= lower) & (y <= upper)))
+
+
+def coverage_by_history(
+    y: np.ndarray,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    history: np.ndarray,
+    context_length: int,
+) -> dict[str, dict[str, float]]:
+    """Share of points inside [lower, upper] per band of history (`HISTORY_BANDS`, what the
+    intervals are calibrated by): y, lower and upper (S, H), history (S,) each series' points
+    before its forecast. Bands no series falls in are left out."""
+    seen = np.minimum(np.asarray(history), context_length)
+    band = np.searchsorted(np.array(HISTORY_EDGES) * context_length, seen, side="left")  # (S,)
+    return {
+        name: {
+            "series": int((band == b).sum()),
+            "coverage": coverage(y[band == b], lower[band == b], upper[band == b]),
+        }
+        for b, name in enumerate(HISTORY_BANDS)
+        if (band == b).any()
+    }
 
 
 def quantiles_in(frame: pd.DataFrame) -> list[float]:

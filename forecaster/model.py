@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from forecaster.config import ModelConfig
+from forecaster.config import HISTORY_EDGES, N_HISTORY_BANDS, ModelConfig
 from forecaster.layers import Decoder, Encoder, sinusoidal_positional_encoding
 from forecaster.outputs import ModelOutput
 from forecaster.scaling import InstanceScaler, InstanceStats
@@ -81,6 +81,17 @@ def fill_gaps(x: torch.Tensor, observed: torch.Tensor, season: int = 1) -> torch
     return filled.reshape(batch, -1)[:, pad:]  # (B, C * S) -> (B, L)
 
 
+def history_band(past_observed_mask: torch.Tensor) -> torch.Tensor:
+    """(B, L) bool -> (B,) int64: the band of HISTORY_EDGES of each row's history, 0 when it
+    has observed at most L/32 steps since its first observation (or none), N_HISTORY_BANDS - 1
+    when more than L/2."""
+    length = past_observed_mask.shape[1]
+    first = past_observed_mask.int().argmax(dim=1)  # (B,) index of the first observed step
+    seen = torch.where(past_observed_mask.any(dim=1), length - first, 0)  # (B,)
+    edges = torch.tensor(HISTORY_EDGES, device=seen.device) * length  # (N_HISTORY_BANDS - 1,)
+    return (seen.unsqueeze(-1) > edges).sum(dim=-1)
+
+
 class PatchTransformer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -117,10 +128,11 @@ class PatchTransformer(nn.Module):
         )
         n_q = len(c.quantiles)
         self.quantile_head = nn.Linear(d, p * n_q) if n_q else None
-        # Widens (> 1) or narrows the quantiles' offsets from the point forecast. Training
-        # leaves it at 1 and then calibrates it on the validation windows (see
-        # forecaster.training.calibrate_intervals); saved with the weights.
-        self.register_buffer("interval_scale", torch.ones(()))
+        # Widens (> 1) or narrows the quantiles' offsets from the point forecast, one factor
+        # per band of history (see history_band). Training leaves it at 1 and then calibrates
+        # it on the validation windows (see forecaster.training.calibrate_intervals); saved
+        # with the weights.
+        self.register_buffer("interval_scale", torch.ones(N_HISTORY_BANDS))
 
     # -- shapes ---------------------------------------------------------------------------
     def _context_patches(self, x: torch.Tensor) -> torch.Tensor:
@@ -212,7 +224,9 @@ class PatchTransformer(nn.Module):
             # features without letting the pinball loss move the point forecast.
             offsets = self.quantile_head(decoded.hidden.detach())
             # (B, M, P * Q) -> (B, M * P, Q) -> (B, H, Q)
-            offsets = offsets.reshape(batch, -1, len(c.quantiles))[:, :h] * self.interval_scale
+            offsets = offsets.reshape(batch, -1, len(c.quantiles))[:, :h]
+            scale = self.interval_scale[history_band(past_observed_mask)]  # (B,)
+            offsets = offsets * scale.to(offsets.dtype)[:, None, None]
             # Sorting keeps quantiles from crossing without constraining what the head learns.
             quantiles = (mean.detach().unsqueeze(-1) + offsets).sort(dim=-1).values
 

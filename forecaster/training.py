@@ -31,10 +31,28 @@ import torch.distributed as dist
 from torch import nn
 from tqdm.auto import tqdm
 
-from forecaster.config import ModelConfig, TrainConfig
-from forecaster.model import NormalizedOutput, PatchTransformer, pinball_loss, point_loss
+from forecaster.config import (
+    HISTORY_BANDS,
+    HISTORY_EDGES,
+    N_HISTORY_BANDS,
+    ModelConfig,
+    TrainConfig,
+)
+from forecaster.model import (
+    NormalizedOutput,
+    PatchTransformer,
+    history_band,
+    pinball_loss,
+    point_loss,
+)
 from forecaster.scaling import InstanceStats
-from forecaster.windows import SeriesPanel, WindowBatch, gather_windows, with_outages
+from forecaster.windows import (
+    SeriesPanel,
+    WindowBatch,
+    gather_windows,
+    with_history,
+    with_outages,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +62,12 @@ LINEAR_START_WINDOWS = 50_000
 LINEAR_START_RIDGES = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 0.3, 1.0, 3.0, 10.0)
 # Blocked cross-validation folds (consecutive stretches of each series' windows).
 LINEAR_START_FOLDS = 5
-# Factors tried for the width of the intervals: 0.5 to 2 in steps of 5 %.
-INTERVAL_SCALES = tuple(float(s) for s in np.geomspace(0.5, 2.0, 29))
+# Factors tried for the width of the intervals: 0.5 to 8 in steps of 5 %.
+INTERVAL_SCALES = tuple(float(s) for s in np.geomspace(0.5, 8.0, 58))
+# Observed targets a band of history needs for a factor of its own (see calibrate_intervals).
+CALIBRATION_MIN_TARGETS = 1_000
+# Most longer validation windows cut short to calibrate a band that has too few of its own.
+CALIBRATION_WINDOWS = 16_384
 
 
 @dataclass(frozen=True)
@@ -86,8 +108,9 @@ class TrainResult:
     # Learning-rate factor of each epoch on the path to the kept weights (restored-away epochs
     # left out): TrainConfig(replay_lr_factors=...) retrains along the same path.
     kept_lr_factors: tuple[float, ...] = ()
-    # Factor on the quantiles' offsets from the point forecast (see calibrate_intervals).
-    interval_scale: float = 1.0
+    # Factors on the quantiles' offsets from the point forecast, one per band of history
+    # (see calibrate_intervals).
+    interval_scale: tuple[float, ...] = (1.0,) * N_HISTORY_BANDS
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -511,14 +534,19 @@ def train_model(
     elif average is not None:
         average.copy_to_model()
     model.eval()
-    interval_scale = config.interval_scale or 1.0
+    interval_scale = config.interval_scale or (1.0,) * N_HISTORY_BANDS
     if model.quantile_head is not None and config.interval_scale is None and has_val:
         interval_scale = calibrate_intervals(
             model, WindowSet(val.panel, val_origins), config, device, world
         )
         if world.is_main:
-            logger.info("intervals: scale %.3g chosen on the validation windows", interval_scale)
-    model.interval_scale.fill_(interval_scale)
+            logger.info(
+                "intervals: scales %s chosen on the validation windows",
+                ", ".join(
+                    f"{b} {f:.3g}" for b, f in zip(HISTORY_BANDS, interval_scale, strict=True)
+                ),
+            )
+    model.interval_scale.copy_(torch.tensor(interval_scale))
     return TrainResult(
         epochs=history,
         best_epoch=best_epoch,
@@ -556,16 +584,22 @@ def _forecast_batches(
     config: TrainConfig,
     device: torch.device,
     world: _Distributed,
+    history: np.ndarray | None = None,
 ) -> Iterator[tuple[WindowBatch, NormalizedOutput]]:
-    """This rank's share of `windows`, forecast in eval mode, one predict batch at a time."""
+    """This rank's share of `windows`, forecast in eval mode, one predict batch at a time;
+    with `history` (W,), each window cut to that many steps of history (`with_history`)."""
     mc = model.config
     model.eval()
     shard = windows.origins[world.rank :: world.world_size]
+    kept = None if history is None else history[world.rank :: world.world_size]
     for begin in range(0, len(shard), config.predict_batch_size):
         chunk = shard[begin : begin + config.predict_batch_size]
         batch = gather_windows(windows.panel, chunk, mc.context_length, mc.prediction_length).to(
             device
         )
+        if kept is not None:
+            keep = torch.from_numpy(kept[begin : begin + config.predict_batch_size]).to(device)
+            batch = with_history(batch, keep)
         output, _ = model(
             batch.past_values,
             batch.past_observed_mask,
@@ -608,37 +642,81 @@ def calibrate_intervals(
     config: TrainConfig,
     device: torch.device,
     world: _Distributed | None = None,
-) -> float:
-    """The factor of INTERVAL_SCALES on the quantiles' offsets from the point forecast under
-    which the band between the lowest and the highest quantile holds the share of the observed
-    targets of `windows` it is meant to hold (0.8 for 0.1-0.9); 1 with fewer than two levels
-    or no observed target.
+) -> tuple[float, ...]:
+    """Per band of history (`history_band`), the factor of INTERVAL_SCALES on the quantiles'
+    offsets from the point forecast under which the band between the lowest and the highest
+    quantile holds the share of the observed targets it is meant to hold (0.8 for 0.1-0.9).
 
     Intervals learned on the training windows come out narrow on windows the model has not
-    seen, where its errors are larger; one factor chosen on held-out windows corrects that (split
-    conformal calibration, as CQR does for a band). The model's own scale must be 1.
+    seen, where its errors are larger; a factor chosen on held-out windows corrects that (split
+    conformal calibration, as CQR does for a band). They come out narrowest where the model
+    sees least, so each band of history gets its own factor, chosen on the validation windows
+    whose history falls in it. A band with fewer than CALIBRATION_MIN_TARGETS observed targets
+    there (new series seldom lend a validation window) adds copies of longer windows cut to
+    random lengths inside it (`with_history`); with still too few it takes the factor of all the
+    windows as they are. Every factor is 1 with fewer than two quantile levels or no observed
+    target. The model's own scales must be 1.
     """
     world = world or _Distributed()
     mc = model.config
+    ones = (1.0,) * N_HISTORY_BANDS
     if len(mc.quantiles) < 2:
-        return 1.0
+        return ones
     scales = torch.tensor(INTERVAL_SCALES, dtype=torch.float64, device=device)  # (G,)
-    inside = torch.zeros(len(scales) + 1, dtype=torch.float64, device=device)  # counts, total
-    for batch, output in _forecast_batches(model, windows, config, device, world):
-        assert output.quantiles is not None, "calibrating a model without quantiles"
-        mean = output.mean.double()  # (B, H)
-        error = _normalized_target(batch, output.stats).double() - mean  # (B, H)
-        low = output.quantiles[..., 0].double() - mean  # (B, H) offsets, sorted
-        high = output.quantiles[..., -1].double() - mean
-        observed = batch.future_observed_mask
-        for k, scale in enumerate(scales):
-            hit = (error >= scale * low) & (error <= scale * high) & observed
-            inside[k] += hit.sum()
-        inside[-1] += observed.sum()
-    if world.enabled:
-        dist.all_reduce(inside)
-    if inside[-1] == 0:
-        return 1.0
-    coverage = inside[:-1] / inside[-1]
     nominal = mc.quantiles[-1] - mc.quantiles[0]
-    return INTERVAL_SCALES[int(torch.argmin((coverage - nominal).abs()))]
+
+    def counts(
+        batches: Iterator[tuple[WindowBatch, NormalizedOutput]],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(bands, G) targets inside the band under each factor, (bands,) observed targets."""
+        inside = torch.zeros(N_HISTORY_BANDS, len(scales), dtype=torch.float64, device=device)
+        total = torch.zeros(N_HISTORY_BANDS, dtype=torch.float64, device=device)
+        for batch, output in batches:
+            assert output.quantiles is not None, "calibrating a model without quantiles"
+            mean = output.mean.double()  # (B, H)
+            error = _normalized_target(batch, output.stats).double() - mean  # (B, H)
+            low = output.quantiles[..., 0].double() - mean  # (B, H) offsets, sorted
+            high = output.quantiles[..., -1].double() - mean
+            observed = batch.future_observed_mask
+            hit = torch.stack(
+                [((error >= f * low) & (error <= f * high) & observed).sum(dim=-1) for f in scales]
+            ).double()  # (G, B)
+            band = history_band(batch.past_observed_mask)  # (B,)
+            inside.index_add_(0, band, hit.T)
+            total.index_add_(0, band, observed.sum(dim=-1).double())
+        if world.enabled:
+            dist.all_reduce(inside)
+            dist.all_reduce(total)
+        return inside, total
+
+    def best(inside: torch.Tensor, total: torch.Tensor) -> float:
+        coverage = inside / total
+        return INTERVAL_SCALES[int(torch.argmin((coverage - nominal).abs()))]
+
+    inside, total = counts(_forecast_batches(model, windows, config, device, world))
+    if total.sum() == 0:
+        return ones
+    as_they_are = best(inside.sum(dim=0), total.sum())
+    panel, origins = windows.panel, windows.origins
+    history = origins - panel.offsets[panel.series_of(origins)]  # (W,) steps before each origin
+    bounds = [0, *(int(edge * mc.context_length) for edge in HISTORY_EDGES)]
+    factors = []
+    for band in range(N_HISTORY_BANDS):
+        band_inside, band_total = inside[band], total[band]
+        is_short = band < len(HISTORY_EDGES)  # the last band has no upper bound to cut to
+        if band_total < CALIBRATION_MIN_TARGETS and is_short:
+            shortest, longest = max(bounds[band] + 1, 2), bounds[band + 1]
+            longer = evenly_spaced(origins[history > longest], CALIBRATION_WINDOWS)
+            if shortest <= longest and len(longer):
+                # The same lengths on every rank: each shards one draw.
+                cut_to = np.random.default_rng(band).integers(shortest, longest + 1, len(longer))
+                cut_inside, cut_total = counts(
+                    _forecast_batches(
+                        model, WindowSet(panel, longer), config, device, world, cut_to
+                    )
+                )
+                band_inside = band_inside + cut_inside[band]
+                band_total = band_total + cut_total[band]
+        enough = band_total >= CALIBRATION_MIN_TARGETS
+        factors.append(best(band_inside, band_total) if enough else as_they_are)
+    return tuple(factors)

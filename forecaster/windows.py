@@ -201,3 +201,19 @@ def with_outages(
         past_values=torch.where(kept, batch.past_values, torch.zeros_like(batch.past_values)),
         past_observed_mask=kept,
     )
+
+
+def with_history(batch: WindowBatch, keep: torch.Tensor) -> WindowBatch:
+    """The windows as if each series had begun `keep` (B,) steps before the forecast origin:
+    the earlier context steps become padding (unobserved), the targets stay.
+
+    Calibrates intervals for short histories on windows whose real history is long.
+    """
+    length = batch.past_observed_mask.shape[1]
+    steps = torch.arange(length, device=keep.device)
+    kept = batch.past_observed_mask & (steps >= length - keep.unsqueeze(-1))  # (B, L)
+    return dataclasses.replace(
+        batch,
+        past_values=torch.where(kept, batch.past_values, torch.zeros_like(batch.past_values)),
+        past_observed_mask=kept,
+    )

@@ -13,7 +13,7 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from forecaster import EpochLog, Forecaster, ModelConfig, TrainConfig
-from forecaster.config import config_to_dict
+from forecaster.config import HISTORY_BANDS, config_to_dict
 from pipelines.split import DataSplit
 
 logger = logging.getLogger(__name__)
@@ -128,7 +128,10 @@ def train(
     )
     summary = {"train_seconds": seconds, "best_epoch": float(outcome.best_epoch)}
     if result:
-        summary["interval_scale"] = result.interval_scale
+        # The factor of windows with more than L/2 of history, then one per shorter band.
+        *shorter, summary["interval_scale"] = result.interval_scale
+        for band, factor in zip(HISTORY_BANDS[:-1], shorter, strict=True):
+            summary[f"interval_scale.history_{band}"] = factor
     if outcome.best_val_loss is not None:
         summary["best_val_loss"] = float(outcome.best_val_loss)
     now = int(time.time() * 1000)

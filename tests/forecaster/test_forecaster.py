@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from forecaster import Forecaster, ModelConfig, TrainConfig
+from forecaster.config import N_HISTORY_BANDS
 from forecaster.data import load_frame
 from forecaster.errors import (
     HorizonTooLongError,
@@ -130,14 +131,22 @@ def test_the_interval_scale_is_saved_and_a_model_saved_before_it_loads(series, t
     model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
     model.save(tmp_path / "model")
     reloaded = Forecaster.load(tmp_path / "model")
-    assert reloaded.model.interval_scale.item() == 1.5
+    assert reloaded.model.interval_scale.tolist() == [1.5] * N_HISTORY_BANDS
     pd.testing.assert_frame_equal(reloaded.predict(series), model.predict(series), check_exact=True)
-    # A model saved before the scale existed has neither the field nor the tensor: it
-    # forecasts as it always did, with a scale of 1.
     meta_file, weights_file = (
         tmp_path / "model" / "config.json",
         tmp_path / "model" / "model.safetensors",
     )
+    # A model saved with one factor for every band of history (before the bands) loads with it.
+    weights = load_file(weights_file)
+    weights["interval_scale"] = torch.tensor(1.5)
+    save_file(weights, weights_file)
+    one_factor = Forecaster.load(tmp_path / "model")
+    pd.testing.assert_frame_equal(
+        one_factor.predict(series), model.predict(series), check_exact=True
+    )
+    # A model saved before the scale existed has neither the field nor the tensor: it
+    # forecasts as it always did, with a scale of 1.
     meta = json.loads(meta_file.read_text())
     del meta["train_config"]["interval_scale"]
     meta_file.write_text(json.dumps(meta))

@@ -8,6 +8,7 @@ import pytest
 
 from forecaster.metrics import (
     coverage,
+    coverage_by_history,
     evaluate,
     mae,
     mase,
@@ -80,3 +81,18 @@ def test_evaluate_frame():
     assert set(result) == {"mae", "mse", "rmse", "smape", "mase", "pinball", "coverage_80"}
     only_median = evaluate(forecasts, history, season_length=1, quantiles=[0.5])
     assert "coverage_80" not in only_median and "pinball" in only_median
+
+
+def test_coverage_by_history_groups_series_as_the_intervals_are_calibrated():
+    """Series count in the band of history the model sees: a longer history than the context
+    is a whole context, and a history exactly at an edge is in the band below it."""
+    y = np.zeros((4, 2))
+    lower, upper = np.full_like(y, -1.0), np.full_like(y, 1.0)
+    upper[0] = -0.5  # the first series misses both points
+    history = np.array([2, 8, 40, 500])  # context 64: edges at 2, 4, 8, 16 and 32 steps
+    by_band = coverage_by_history(y, lower, upper, history, context_length=64)
+    assert by_band == {
+        "up_to_L/32": {"series": 1, "coverage": 0.0},
+        "up_to_L/8": {"series": 1, "coverage": 1.0},
+        "beyond_L/2": {"series": 2, "coverage": 1.0},
+    }

@@ -3,10 +3,12 @@
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from forecaster import ModelConfig, TrainConfig
+from forecaster.config import N_HISTORY_BANDS
 from forecaster.errors import InvalidConfigError
-from forecaster.model import PatchTransformer, fill_gaps
+from forecaster.model import PatchTransformer, fill_gaps, history_band
 from forecaster.training import LINEAR_START_RIDGES, WindowSet, fit_linear_start
 from forecaster.windows import SeriesPanel, gather_windows, series_scales
 
@@ -266,10 +268,43 @@ def test_invalid_config_says_expected_and_actual(tiny_config, field, value, mess
     assert error.value.field == field
 
 
-@pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf")])
+@pytest.mark.parametrize(
+    "value", [0.0, -1.0, float("nan"), float("inf"), (1.0, 1.0), (1.0,) * 5 + (-1.0,), "1.5"]
+)
 def test_an_interval_scale_that_is_not_a_positive_factor_is_refused(value):
-    with pytest.raises(InvalidConfigError, match="interval_scale: expected None or a positive"):
+    with pytest.raises(
+        InvalidConfigError, match="interval_scale: expected None, a positive finite factor or 6"
+    ):
         TrainConfig(interval_scale=value)
+
+
+def test_one_interval_scale_stands_for_every_band_of_history():
+    assert TrainConfig(interval_scale=1.5).interval_scale == (1.5,) * N_HISTORY_BANDS
+    assert TrainConfig(interval_scale=[1, 2, 3, 4, 5, 6]).interval_scale == (1, 2, 3, 4, 5, 6)
+
+
+def test_history_band_counts_steps_since_the_first_observation():
+    length = 64  # edges at 2, 4, 8, 16 and 32 steps
+    seen = torch.tensor([0, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64])
+    mask = torch.arange(length) >= length - seen.unsqueeze(-1)  # (12, L): left padding
+    mask[-1, 20] = False  # a gap inside the history does not shorten it
+    assert history_band(mask).tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+
+
+def test_each_row_takes_the_interval_factor_of_its_band_of_history(tiny_config):
+    model = PatchTransformer(tiny_config).eval()
+    nn.init.normal_(model.quantile_head.weight)
+    length = tiny_config.context_length
+    values = torch.randn(2, length, dtype=torch.float64)
+    mask = torch.ones(2, length, dtype=torch.bool)
+    mask[0, : length - 3] = False  # a new series: 3 steps of history, band 2 of L = 32
+    with torch.inference_mode():
+        base, _ = model(values, mask)
+        model.interval_scale.copy_(torch.tensor([1.0, 1.0, 2.0, 1.0, 1.0, 3.0]))
+        scaled, _ = model(values, mask)
+    offsets = base.quantiles - base.mean.unsqueeze(-1)
+    expected = base.mean.unsqueeze(-1) + offsets * torch.tensor([2.0, 3.0])[:, None, None]
+    torch.testing.assert_close(scaled.quantiles, expected.sort(dim=-1).values)
 
 
 def test_config_is_frozen(tiny_config):

@@ -1,5 +1,6 @@
 """The training loop: determinism, early stopping, callbacks, distributed data parallel."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -12,15 +13,17 @@ import torch
 from safetensors.torch import load_file
 
 from forecaster import EpochLog, Forecaster, ModelConfig, TrainConfig
+from forecaster.config import HISTORY_EDGES, N_HISTORY_BANDS
 from forecaster.forecaster import _hold_out_tail
 from forecaster.training import (
+    INTERVAL_SCALES,
     _WeightAverage,
     calibrate_intervals,
     evaluate_loss,
     resolve_device,
 )
 from forecaster.validation import validate_long_frame
-from forecaster.windows import SeriesPanel, gather_windows
+from forecaster.windows import SeriesPanel, gather_windows, with_history
 from tests.forecaster.conftest import TINY_MODEL, TINY_TRAIN
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,6 +159,45 @@ def _band_coverage(model: Forecaster, series: pd.DataFrame) -> float:
     return float(((truth >= band[..., 0]) & (truth <= band[..., -1])).double().mean())
 
 
+def _coverage_under(model: Forecaster, batch, band: int, factor: float) -> float:
+    """Band coverage of `batch` with `factor` for the given band of history."""
+    model.model.interval_scale[band] = factor
+    with torch.inference_mode():
+        output, _ = model.model(batch.past_values, batch.past_observed_mask)
+    q = output.denormalize().quantiles
+    truth = batch.future_values
+    return float(((truth >= q[..., 0]) & (truth <= q[..., -1])).double().mean())
+
+
+def test_each_band_of_history_gets_the_factor_that_holds_80_percent_there(series):
+    """Windows cut to a short history (as a new series is) get their own factor, chosen on
+    validation windows cut into their band; it holds 80 % there, where the factor of the
+    windows as they are does not."""
+    model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN)).fit(series)
+    mc = model.model_config
+    panel = SeriesPanel.from_validated(validate_long_frame(series), mc)
+    _, val = _hold_out_tail(panel, mc.prediction_length)
+    scales = model.train_result.interval_scale
+    assert len(set(scales)) > 1, scales
+    batch = gather_windows(panel, val.origins, mc.context_length, mc.prediction_length)
+    bounds = [0, *(int(edge * mc.context_length) for edge in HISTORY_EDGES)]
+    rng = np.random.default_rng(123)  # other lengths than calibration drew
+    closer = []
+    for band, factor in enumerate(scales[:-1]):
+        shortest, longest = max(bounds[band] + 1, 2), bounds[band + 1]
+        if shortest > longest:  # band 0 of a 32-step context: at most one step of history
+            continue
+        keep = rng.integers(shortest, longest + 1, len(val.origins))
+        short = with_history(batch, torch.from_numpy(keep))
+        pooled = _coverage_under(model, short, band, scales[-1])
+        own = _coverage_under(model, short, band, factor)
+        assert abs(own - 0.8) <= abs(pooled - 0.8), (band, own, pooled, scales)
+        closer.append(abs(own - 0.8) < abs(pooled - 0.8))
+        if factor < INTERVAL_SCALES[-1]:  # else even the widest factor tried holds less
+            assert abs(own - 0.8) < 0.05, (band, own, scales)
+    assert any(closer), scales
+
+
 def test_a_narrow_band_is_widened_until_it_holds_80_percent(series):
     """The 0.1-0.9 band of a model whose intervals were learned too narrow (halved here) is
     widened until it holds 80 % of the validation targets, within one grid step."""
@@ -168,14 +210,16 @@ def test_a_narrow_band_is_widened_until_it_holds_80_percent(series):
     mc = model.model_config
     panel = SeriesPanel.from_validated(validate_long_frame(series), mc)
     _, val = _hold_out_tail(panel, mc.prediction_length)
-    scale = calibrate_intervals(model.model, val, model.train_config, torch.device("cpu"))
-    model.model.interval_scale.fill_(scale)
+    scales = calibrate_intervals(model.model, val, model.train_config, torch.device("cpu"))
+    model.model.interval_scale.copy_(torch.tensor(scales))
     calibrated = _band_coverage(model, series)
+    # The validation windows see more than half a context of history: the last band's factor.
+    scale = scales[-1]
     assert raw < 0.7 and scale > 1.5, (raw, scale)
     assert abs(calibrated - 0.8) < 0.03, (raw, calibrated, scale)
     # One step further either way would be further from 80 %.
     for neighbour in (scale * 0.95, scale / 0.95):
-        model.model.interval_scale.fill_(neighbour)
+        model.model.interval_scale[-1] = neighbour
         assert abs(_band_coverage(model, series) - 0.8) >= abs(calibrated - 0.8) - 1e-12
 
 
@@ -187,9 +231,9 @@ def test_fit_widens_a_band_that_is_narrow_on_the_held_out_tail(series):
     spread = series.groupby("unique_id")["y"].transform("std")
     noisy = series.assign(y=series["y"] + tail * rng.normal(0, 0.3, len(series)) * spread)
     model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN)).fit(noisy)
-    scale = model.train_result.interval_scale
-    assert scale > 1.2
-    assert model.model.interval_scale.item() == pytest.approx(scale)
+    scales = model.train_result.interval_scale
+    assert scales[-1] > 1.2
+    assert model.model.interval_scale.tolist() == pytest.approx(scales)
     assert abs(_band_coverage(model, noisy) - 0.8) < 0.03
 
 
@@ -199,7 +243,7 @@ def test_validation_windows_without_an_observed_target_leave_the_scale_at_1(seri
     gappy = series.assign(y=series["y"].where(~tail))
     model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN)).fit(gappy)
     assert model.train_result.n_val_windows > 0
-    assert model.train_result.interval_scale == 1.0
+    assert model.train_result.interval_scale == (1.0,) * N_HISTORY_BANDS
 
 
 def test_a_refit_of_the_linear_start_fits_it_on_every_window(series):
@@ -230,8 +274,12 @@ def test_a_given_interval_scale_is_used_as_is(series):
     """What a refit does: it has no held-out windows and keeps the evaluated run's scale."""
     config = TrainConfig(**{**TINY_TRAIN, "replay_lr_factors": (1.0,), "interval_scale": 1.37})
     model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
-    assert model.train_result.interval_scale == 1.37
-    assert model.model.interval_scale.item() == pytest.approx(1.37)
+    assert model.train_result.interval_scale == (1.37,) * N_HISTORY_BANDS
+    assert model.model.interval_scale.tolist() == pytest.approx([1.37] * N_HISTORY_BANDS)
+    one_per_band = (1.1, 1.2, 1.3, 1.4, 1.5, 1.6)
+    config = dataclasses.replace(config, interval_scale=one_per_band)
+    model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
+    assert model.model.interval_scale.tolist() == pytest.approx(one_per_band)
 
 
 def test_weight_average_follows_its_recursion_and_swaps_back():

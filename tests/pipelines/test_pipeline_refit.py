@@ -35,9 +35,14 @@ def test_the_promoted_configuration_is_refit_on_all_data_and_serves(tmp_path):
     assert forecast["ds"].min() > frame["ds"].max()
     # The refit has no held-out windows: its intervals keep the evaluated twin's calibration.
     twin = load_version(result.version, tracking_uri=uri)
-    assert model.model.interval_scale.item() == twin.model.interval_scale.item()
+    scales = twin.model.interval_scale.tolist()
+    assert model.model.interval_scale.tolist() == scales
     run = client.get_run(client.get_model_version("forecaster", evaluated).run_id)
-    assert run.data.metrics["interval_scale"] == pytest.approx(twin.model.interval_scale.item())
+    # One metric per band of history: the long histories' factor, then the shorter bands'.
+    assert run.data.metrics["interval_scale"] == pytest.approx(scales[-1])
+    for name, scale in zip(("L/32", "L/16", "L/8", "L/4", "L/2"), scales[:-1], strict=True):
+        assert run.data.metrics[f"interval_scale.history_up_to_{name}"] == pytest.approx(scale)
+    assert "interval_scale.history_beyond_L/2" not in run.data.metrics
 
 
 def test_refit_off_keeps_the_evaluated_version_as_champion(tmp_path, data_csv, capsys):

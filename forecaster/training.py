@@ -62,8 +62,8 @@ LINEAR_START_WINDOWS = 50_000
 LINEAR_START_RIDGES = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 0.3, 1.0, 3.0, 10.0)
 # Blocked cross-validation folds (consecutive stretches of each series' windows).
 LINEAR_START_FOLDS = 5
-# Factors tried for the width of the intervals: 0.5 to 8 in steps of 5 %.
-INTERVAL_SCALES = tuple(float(s) for s in np.geomspace(0.5, 8.0, 58))
+# Factors tried for the width of the intervals: 0.5 to 8 in steps of 2 ** (1 / 14), about 5 %.
+INTERVAL_SCALES = tuple(float(s) for s in np.geomspace(0.5, 8.0, 57))
 # Observed targets a band of history needs for a factor of its own (see calibrate_intervals).
 CALIBRATION_MIN_TARGETS = 1_000
 # Most longer validation windows cut short to calibrate a band that has too few of its own.

@@ -102,9 +102,11 @@ def test_calibration_counts_the_truth_below_each_quantile_and_inside_the_band():
         pd.DataFrame({"unique_id": sid, "ds": ds, "q0.1": 4.5, "q0.5": 24.0, "q0.9": 43.5})
         for sid in ("a", "b")
     )
-    got = m4.calibration(split, predicted, (0.1, 0.5, 0.9))
+    got = m4.calibration(split, predicted, (0.1, 0.5, 0.9), context_length=336)
     assert got["share_below"] == {"0.1": 5 / 48, "0.5": 24 / 48, "0.9": 44 / 48}
     assert got["band_coverage"] == {"0.1-0.9": 39 / 48}
+    # 100 points of history, a context of 336: the band of history up to L/2.
+    assert got["band_coverage_by_history"] == {"up_to_L/2": {"series": 2, "coverage": 39 / 48}}
 
 
 def test_cli_scores_the_model_again_with_each_kind_of_attention_uniform(wide_csv, tmp_path):

@@ -88,8 +88,8 @@ def history_band(past_observed_mask: torch.Tensor) -> torch.Tensor:
     length = past_observed_mask.shape[1]
     first = past_observed_mask.int().argmax(dim=1)  # (B,) index of the first observed step
     seen = torch.where(past_observed_mask.any(dim=1), length - first, 0)  # (B,)
-    edges = torch.tensor(HISTORY_EDGES, device=seen.device) * length  # (N_HISTORY_BANDS - 1,)
-    return (seen.unsqueeze(-1) > edges).sum(dim=-1)
+    # Compared with Python numbers: no tensor built on the device per forward pass.
+    return sum((seen > edge * length).long() for edge in HISTORY_EDGES)
 
 
 class PatchTransformer(nn.Module):

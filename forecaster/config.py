@@ -18,6 +18,8 @@ from forecaster.time_axis import CALENDAR_FEATURES
 
 Loss = Literal["mae", "mse", "huber"]
 LOSSES = ("mae", "mse", "huber")
+LossUnit = Literal["rms", "std"]
+LOSS_UNITS = ("rms", "std")
 
 
 def _check(condition: bool, name: str, expected: str, actual: object) -> None:
@@ -80,6 +82,12 @@ class ModelConfig:
     quantiles: tuple[float, ...] = (0.1, 0.5, 0.9)
     # Loss on the point forecast, counted in each series' own units (see SeriesPanel).
     loss: Loss = "mae"
+    # The unit each series' errors are counted in, in training and validation, so series of
+    # any size weigh alike. "rms": the root mean square of its observed values, i.e. its level
+    # where it has one and its spread where it is centred on zero, so errors count relative to
+    # the level, as sMAPE counts them (M4 Hourly holdout OWA, README design). "std": its spread
+    # alone, as MASE counts; for data whose zero is arbitrary (temperatures in kelvin).
+    loss_unit: LossUnit = "rms"
     # Horizon step h weighs h ** -horizon_weight_decay in the training loss (normalised to a
     # mean of 1): near steps carry more signal (CARD's signal-decay loss). 0 weighs all alike.
     horizon_weight_decay: float = 0.5
@@ -136,6 +144,7 @@ class ModelConfig:
         unknown = [name for name in self.calendar_features if name not in CALENDAR_FEATURES]
         _check(not unknown, "calendar_features", f"names from {list(CALENDAR_FEATURES)}", unknown)
         _check(self.loss in LOSSES, "loss", " or ".join(LOSSES), self.loss)
+        _check(self.loss_unit in LOSS_UNITS, "loss_unit", " or ".join(LOSS_UNITS), self.loss_unit)
         _check(
             self.horizon_weight_decay >= 0,
             "horizon_weight_decay",

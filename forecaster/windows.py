@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from forecaster.config import ModelConfig
+from forecaster.config import LossUnit, ModelConfig
 from forecaster.time_axis import CALENDAR_FEATURES, calendar_features
 from forecaster.validation import ValidatedFrame
 
@@ -47,7 +47,7 @@ class SeriesPanel:
             covariates=covariate_matrix(validated.columns, config),
             series_ids=validated.series_ids,
             offsets=validated.offsets,
-            loss_scale=series_scales(values, validated.offsets),
+            loss_scale=series_scales(values, validated.offsets, config.loss_unit),
         )
 
     def window_origins(self, horizon: int, min_context: int = 1) -> np.ndarray:
@@ -71,9 +71,11 @@ class SeriesPanel:
         return np.searchsorted(self.offsets, origins - 1, side="right") - 1
 
 
-def series_scales(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Per series: the std of its observed values (its mean's magnitude, or 1, if constant).
+def series_scales(values: np.ndarray, offsets: np.ndarray, unit: LossUnit = "rms") -> np.ndarray:
+    """Per series: the unit its errors are counted in (see ModelConfig.loss_unit).
 
+    "rms" is the root mean square of its observed values; "std" their std, or the mean's
+    magnitude for a constant series. A series whose unit would be 0 (all zeros) gets 1.
     Training counts errors in these units, so every series weighs the same in the loss and,
     within a series, windows weigh by their error in the series' own units.
     """
@@ -88,6 +90,9 @@ def series_scales(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         np.bincount(codes, weights=centered**2, minlength=len(offsets) - 1) / np.maximum(count, 1)
     )
     level = np.abs(mean)
+    if unit == "rms":
+        scale = np.hypot(std, level)
+        return np.where(scale > 0, scale, 1.0)
     fallback = np.where(level > 0, level, 1.0)
     return np.where(std > 1e-10 * (1.0 + level), std, fallback)
 

@@ -1,7 +1,7 @@
 import numpy as np
 import torch
 
-from forecaster.windows import WindowBatch, with_outages
+from forecaster.windows import WindowBatch, series_scales, with_outages
 
 
 def batch_of(observed: torch.Tensor) -> WindowBatch:
@@ -52,3 +52,16 @@ def test_outage_probability_is_per_window():
     out = with_outages(batch, 0.25, 24, np.random.default_rng(2))
     hit = (~out.past_observed_mask).any(dim=1).float().mean().item()
     assert 0.22 < hit < 0.28
+
+
+def test_series_scales_count_errors_relative_to_the_level_or_to_the_spread():
+    """Three series end to end: level 100 with spread 1 (NaN steps ignored), centred on zero
+    with spread 2, and all zeros."""
+    level = np.array([99.0, np.nan, 101.0, 99.0, np.nan, 101.0])
+    centred = np.array([-2.0, 2.0, -2.0, 2.0])
+    zeros = np.zeros(3)
+    values = np.concatenate([level, centred, zeros])
+    offsets = np.cumsum([0, len(level), len(centred), len(zeros)])
+    # RMS: the level where there is one (sqrt(100^2 + 1)), the spread where the mean is 0.
+    np.testing.assert_allclose(series_scales(values, offsets, "rms"), [np.sqrt(10001), 2, 1])
+    np.testing.assert_allclose(series_scales(values, offsets, "std"), [1, 2, 1])

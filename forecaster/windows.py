@@ -91,7 +91,7 @@ def series_scales(values: np.ndarray, offsets: np.ndarray, unit: LossUnit = "rms
     )
     level = np.abs(mean)
     if unit == "rms":
-        scale = np.hypot(std, level)
+        scale = np.sqrt(std**2 + level**2)
         return np.where(scale > 0, scale, 1.0)
     fallback = np.where(level > 0, level, 1.0)
     return np.where(std > 1e-10 * (1.0 + level), std, fallback)

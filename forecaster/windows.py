@@ -71,7 +71,7 @@ class SeriesPanel:
         return np.searchsorted(self.offsets, origins - 1, side="right") - 1
 
 
-def series_scales(values: np.ndarray, offsets: np.ndarray, unit: LossUnit = "rms") -> np.ndarray:
+def series_scales(values: np.ndarray, offsets: np.ndarray, unit: LossUnit) -> np.ndarray:
     """Per series: the unit its errors are counted in (see ModelConfig.loss_unit).
 
     "rms" is the root mean square of its observed values; "std" their std, or the mean's

@@ -142,7 +142,7 @@ def _panel(values: np.ndarray) -> SeriesPanel:
         covariates=np.zeros((flat.size, 0), np.float32),
         series_ids=[str(i) for i in range(len(values))],
         offsets=offsets,
-        loss_scale=series_scales(flat, offsets),
+        loss_scale=series_scales(flat, offsets, "rms"),
     )
 
 
@@ -189,7 +189,7 @@ def test_linear_start_fits_the_short_series_when_most_series_are_short(tiny_conf
         covariates=np.zeros((flat.size, 0), np.float32),
         series_ids=[str(i) for i in range(len(series))],
         offsets=offsets,
-        loss_scale=series_scales(flat, offsets),
+        loss_scale=series_scales(flat, offsets, "rms"),
     )
     h = tiny_config.prediction_length
     model = PatchTransformer(tiny_config).eval()

@@ -116,8 +116,10 @@ def test_summary_counts_a_key_of_weight_zero_as_seen_when_another_query_weighs_i
 
 
 def test_attention_earned_compares_each_uniform_backtest_with_the_learned_one(series):
-    # Without its linear start the model forecasts through attention alone.
-    config = ModelConfig(**{**TINY_MODEL, "linear_start": False})
+    # Without its linear start the model forecasts through attention alone. This tiny run
+    # learns to within 8 epochs at seed 0 with the std loss unit (with other seeds or the RMS
+    # unit it stays near its untrained loss), and the test needs a model that has learned.
+    config = ModelConfig(**{**TINY_MODEL, "linear_start": False, "loss_unit": "std"})
     train = TrainConfig(**{**TINY_TRAIN, "max_epochs": 8, "learning_rate": 3e-3})
     model = Forecaster(config, train).fit(series)
     assert model.train_result.best_epoch > 0

@@ -80,7 +80,7 @@ class ModelConfig:
     horizon_dropout: float = 0.5
     # Quantiles the probabilistic head predicts; empty for a point forecast only.
     quantiles: tuple[float, ...] = (0.1, 0.5, 0.9)
-    # Loss on the point forecast, counted in each series' own units (see SeriesPanel).
+    # Loss on the point forecast, counted in each series' unit (see loss_unit).
     loss: Loss = "mae"
     # The unit each series' errors are counted in, in training and validation, so series of
     # any size weigh alike. "rms": the root mean square of its observed values, i.e. its level

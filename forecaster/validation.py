@@ -592,37 +592,23 @@ def _fill_gaps(
     if nanos is not None:
         position = (ds_i8 - np.repeat(ds_i8[starts], ends - starts)) // nanos  # grid index
         lengths = position[ends - 1] + 1
-        grids = None
-    else:  # calendar offsets (months, business days): build each gappy series' grid
-        grids = []
-        for s, e in zip(starts, ends, strict=True):
-            if e - s < 2:
-                grids.append(ds_i8[s:e])
-                continue
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                grid = pd.date_range(
-                    pd.Timestamp(ds_i8[s]), pd.Timestamp(ds_i8[e - 1]), freq=offset
-                )
-            grids.append(grid.as_unit("ns").asi8)
-        lengths = np.array([len(g) for g in grids], dtype=np.int64)
+        calendar_ds = None
+    else:  # calendar offsets (months, business days): grids the series share
+        position, lengths, calendar_ds = _calendar_grids(ds_i8, starts, ends, offset)
         # The anchor check lets a time of day pass (a month end at noon is one); each row must
         # also be a step of its series' grid, or it would land on another step's row.
-        positions = []
-        for g, s, e in zip(grids, starts, ends, strict=True):
-            p = np.searchsorted(g, ds_i8[s:e])
-            off = g[np.minimum(p, len(g) - 1)] != ds_i8[s:e]
-            if off.any():
-                sid = str(uniques[codes[s]])
-                raise IrregularTimestampsError(
-                    f"series {sid!r}: timestamp {pd.Timestamp(ds_i8[s + int(np.argmax(off))])} "
-                    f"is not on the {offset.freqstr!r} grid that starts at its first timestamp "
-                    f"{pd.Timestamp(ds_i8[s])} (a different time of day?)",
-                    series_id=sid,
-                    field=TIME,
-                )
-            positions.append(p)
-        position = np.concatenate(positions)
+        off = position < 0
+        if off.any():
+            row = int(np.argmax(off))
+            s = starts[np.searchsorted(starts, row, side="right") - 1]
+            sid = str(uniques[codes[s]])
+            raise IrregularTimestampsError(
+                f"series {sid!r}: timestamp {pd.Timestamp(ds_i8[row])} "
+                f"is not on the {offset.freqstr!r} grid that starts at its first timestamp "
+                f"{pd.Timestamp(ds_i8[s])} (a different time of day?)",
+                series_id=sid,
+                field=TIME,
+            )
     counts = ends - starts
     if int(lengths.sum()) == len(codes):
         return ids, ds, values, lengths
@@ -656,11 +642,10 @@ def _fill_gaps(
     new_starts = np.r_[0, np.cumsum(lengths)[:-1]]
     target_rows = np.repeat(new_starts, counts) + position
     total = int(lengths.sum())
-    if grids is not None:
-        filled_ds = np.concatenate(grids)
+    if calendar_ds is not None:
+        filled_ds = calendar_ds
     else:
-        within = np.arange(total) - np.repeat(new_starts, lengths)
-        filled_ds = np.repeat(ds_i8[starts], lengths) + within * nanos
+        filled_ds = np.repeat(ds_i8[starts], lengths) + _steps_within(lengths) * nanos
     filled = {}
     for name, column in values.items():
         out = np.full(total, np.nan if name == target else 0.0)
@@ -668,6 +653,64 @@ def _fill_gaps(
         filled[name] = out
     filled_ids = pd.array(np.repeat(np.asarray(ids)[starts], lengths), dtype="str")
     return filled_ids, filled_ds.view("datetime64[ns]"), filled, lengths
+
+
+def _steps_within(lengths: np.ndarray) -> np.ndarray:
+    """0, 1, .., n - 1 for each n of `lengths`, concatenated."""
+    return np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+
+
+def _calendar_grids(
+    ds_i8: np.ndarray, starts: np.ndarray, ends: np.ndarray, offset: BaseOffset
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each series on the grid of a calendar `offset` (months, business days) that starts at
+    its first timestamp: (the steps of each row after its series' first timestamp (T,), -1 for
+    a row off that grid; each series' steps to its last on-grid row (S,); the grid's
+    timestamps of every series, concatenated in series order).
+
+    A calendar grid is built step by step in Python (`pd.date_range`), so series share one:
+    built from the earliest first timestamp to the latest last one, it serves every series
+    whose first timestamp is on it (all of them, unless some are at another time of day or,
+    with a multiple such as "2MS", at another phase), and the rest take the next grid.
+    """
+    counts = ends - starts
+    position = np.full(len(ds_i8), -1, np.int64)
+    lengths = np.zeros(len(starts), np.int64)
+    rounds = []  # (grid, the series it serves, the index in it of their first steps)
+    waiting = np.arange(len(starts))
+    while len(waiting):
+        begin = ds_i8[starts[waiting]]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            grid = (
+                pd.date_range(
+                    pd.Timestamp(begin.min()),
+                    pd.Timestamp(ds_i8[ends[waiting] - 1].max()),
+                    freq=offset,
+                )
+                .as_unit("ns")
+                .asi8
+            )
+        at = np.minimum(np.searchsorted(grid, begin), max(len(grid) - 1, 0))
+        on = grid[at] == begin if len(grid) else np.zeros(len(begin), bool)
+        if not on.any():  # off every grid: the rows stay -1 (the anchor check runs first)
+            break
+        served, first = waiting[on], at[on]
+        rows = np.repeat(starts[served], counts[served]) + _steps_within(counts[served])
+        found = np.minimum(np.searchsorted(grid, ds_i8[rows]), len(grid) - 1)
+        steps = found - np.repeat(first, counts[served])
+        position[rows] = np.where(grid[found] == ds_i8[rows], steps, -1)
+        lengths[served] = position[ends[served] - 1] + 1  # 0 when the last row is off-grid
+        rounds.append((grid, served, first))
+        waiting = waiting[~on]
+    timestamps = np.empty(int(lengths.sum()), np.int64)
+    begins = np.cumsum(lengths) - lengths
+    for grid, served, first in rounds:
+        within = _steps_within(lengths[served])
+        timestamps[np.repeat(begins[served], lengths[served]) + within] = grid[
+            np.repeat(first, lengths[served]) + within
+        ]
+    return position, lengths, timestamps
 
 
 def _series_offset(ds_i8: np.ndarray) -> BaseOffset | None:

@@ -474,3 +474,39 @@ def test_a_coarser_series_among_finer_ones_is_named_not_filled():
     # Gaps of any length in a series that does take single steps are gaps.
     gappy = hourly.drop(index=[3, 4, 10, 11, 12])
     assert validate_long_frame(gappy, allow_missing=True).frame["y"].isna().sum() == 5
+
+
+@pytest.mark.parametrize("freq", ["MS", "2MS", "B", "W-SUN"])
+def test_calendar_gaps_are_filled_on_each_series_own_grid(freq):
+    """Series of a calendar frequency share grids (one built per time of day or phase); the
+    filled frame must be what each series' own `pd.date_range` gives, whatever the sharing."""
+    rng = np.random.default_rng(0)
+    parts = []
+    for k in range(12):
+        # Other start dates (two phases of "2MS"), and a third of the series at noon.
+        start = (
+            pd.Timestamp("2001-01-01")
+            + pd.offsets.MonthBegin(k)
+            + pd.Timedelta(hours=12 * (k % 3 == 0))
+        )
+        ds = pd.date_range(start, periods=int(rng.integers(2, 40)), freq=freq)
+        kept = np.sort(rng.choice(len(ds), size=max(2, len(ds) // 2), replace=False))
+        kept[[0, -1]] = 0, len(ds) - 1  # first and last stay: they bound the grid
+        parts.append(pd.DataFrame({"unique_id": f"s{k}", "ds": ds[np.unique(kept)], "y": 1.0}))
+    given = pd.concat(parts, ignore_index=True)
+    filled = validate_long_frame(given, freq=freq, allow_missing=True).frame
+    expected = pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "unique_id": p["unique_id"].iloc[0],
+                    "ds": pd.date_range(p.ds.min(), p.ds.max(), freq=freq),
+                }
+            ).merge(p, on=["unique_id", "ds"], how="left")
+            for p in parts
+        ],
+        ignore_index=True,
+    )
+    assert filled["ds"].tolist() == expected["ds"].tolist()
+    assert filled["unique_id"].tolist() == expected["unique_id"].tolist()
+    np.testing.assert_array_equal(filled["y"].isna(), expected["y"].isna())

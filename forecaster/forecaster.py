@@ -365,9 +365,12 @@ class Forecaster:
         def arrays(layers: list[torch.Tensor]) -> list[np.ndarray]:
             return [w.float().cpu().numpy() for w in layers]
 
-        # The first token starts N * P steps before the forecast origin (padding included).
-        starts = shift(prepared.last_timestamps, self.freq, 1 - mc.n_patches * mc.patch)
-        context_starts = [pd.Timestamp(t).isoformat() for t in starts]
+        # The first token starts N * P steps before the forecast origin (padding included),
+        # which may be before the range timestamps have: only padding lies there.
+        starts = shift(
+            prepared.last_timestamps, self.freq, 1 - mc.n_patches * mc.patch, errors="coerce"
+        )
+        context_starts = [None if pd.isna(t) else pd.Timestamp(t).isoformat() for t in starts]
         return AttentionMaps(
             series_ids=list(prepared.series_ids),
             encoder=arrays(attention.encoder),

@@ -164,6 +164,8 @@ def plot_attention(
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="weight (mean over heads)")
     layer_label = "last layer" if layer == -1 else f"layer {layer}"
     start = maps.context_starts[series_index] if maps.context_starts else ""
+    if start is None:  # the padded context reaches before the range timestamps have
+        start = "before 1677-09-22"
     fig.suptitle(
         f"series {sid}: attention, {layer_label}; context from {start}, "
         f"patch length {maps.patch_length}, stride {maps.patch_stride}"

@@ -22,6 +22,7 @@ import re
 import warnings
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -311,35 +312,42 @@ def steps_after(
         raise
 
 
-def shift(timestamps: np.ndarray, freq: str, steps: np.ndarray | int) -> np.ndarray:
+def shift(
+    timestamps: np.ndarray,
+    freq: str,
+    steps: np.ndarray | int,
+    errors: Literal["raise", "coerce"] = "raise",
+) -> np.ndarray:
     """``timestamps`` moved by ``steps`` periods of ``freq`` (broadcast), as datetime64[ns].
 
-    Raises InvalidTimestampsError when a result falls outside pandas' range.
+    A result outside pandas' range is an InvalidTimestampsError naming the first such
+    timestamp, or with ``errors="coerce"`` NaT.
     """
     offset = parse_freq(freq)
     ts = np.asarray(timestamps, dtype="datetime64[ns]")
     steps = np.asarray(steps, dtype=np.int64)
     shape = np.broadcast_shapes(ts.shape, steps.shape)
-    nanos = fixed_nanos(offset)
-    if nanos is not None:
-        start = ts.astype(np.int64)
-        low, high = pd.Timestamp.min.value, pd.Timestamp.max.value
-        if start.size and steps.size:
-            # Bounds in Python ints (exact): inside the range, no int64 result can overflow;
-            # only when they are not is each value checked, to name the first one outside.
-            moves = (int(steps.min()) * nanos, int(steps.max()) * nanos)
-            if int(start.min()) + min(moves) < low or int(start.max()) + max(moves) > high:
-                moved = start.astype(object) + steps.astype(object) * nanos
-                flat = np.broadcast_to(moved, shape).reshape(-1)
-                outside = [i for i, value in enumerate(flat) if not low <= value <= high]
-                if outside:
-                    origin = np.broadcast_to(ts, shape).reshape(-1)[outside[0]]
-                    n = int(np.broadcast_to(steps, shape).reshape(-1)[outside[0]])
-                    raise _out_of_range(origin, n, offset)
-        return (start + steps * nanos).view("datetime64[ns]").reshape(shape)
-    # Calendar offsets (months, business days) are not fixed durations: one step at a time.
     ts_b = np.broadcast_to(ts, shape).reshape(-1)
     steps_b = np.broadcast_to(steps, shape).reshape(-1)
+    nanos = fixed_nanos(offset)
+    if nanos is not None:
+        start = ts_b.astype(np.int64)
+        low, high = pd.Timestamp.min.value, pd.Timestamp.max.value
+        moved = start + steps_b * nanos
+        if start.size:
+            # Bounds in Python ints (exact): inside the range, no int64 result can overflow;
+            # only when they are not is each value checked.
+            moves = (int(steps_b.min()) * nanos, int(steps_b.max()) * nanos)
+            if int(start.min()) + min(moves) < low or int(start.max()) + max(moves) > high:
+                exact = start.astype(object) + steps_b.astype(object) * nanos
+                outside = np.array([not low <= value <= high for value in exact], dtype=bool)
+                if outside.any():
+                    if errors == "raise":
+                        i = int(np.argmax(outside))
+                        raise _out_of_range(ts_b[i], int(steps_b[i]), offset)
+                    moved = np.where(outside, np.iinfo(np.int64).min, moved)  # NaT
+        return moved.view("datetime64[ns]").reshape(shape)
+    # Calendar offsets (months, business days) are not fixed durations: one step at a time.
     out = np.empty(ts_b.size, dtype="datetime64[ns]")
     for n in np.unique(steps_b):
         rows = steps_b == n
@@ -349,8 +357,22 @@ def shift(timestamps: np.ndarray, freq: str, steps: np.ndarray | int) -> np.ndar
                 moved = pd.DatetimeIndex(ts_b[rows]) + int(n) * offset
             out[rows] = moved.as_unit("ns").to_numpy()
         except (OverflowError, pd.errors.OutOfBoundsDatetime, ValueError):
-            raise _out_of_range(ts_b[rows][0], int(n), offset) from None
+            # Some of them fall outside: find which, one at a time.
+            out[rows] = [_shift_one(t, int(n), offset, errors) for t in ts_b[rows]]
     return out.reshape(shape)
+
+
+def _shift_one(
+    timestamp: np.datetime64, steps: int, offset: BaseOffset, errors: str
+) -> np.datetime64:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return (pd.Timestamp(timestamp) + steps * offset).as_unit("ns").to_datetime64()
+    except (OverflowError, pd.errors.OutOfBoundsDatetime, ValueError):
+        if errors == "raise":
+            raise _out_of_range(timestamp, steps, offset) from None
+        return np.datetime64("NaT", "ns")
 
 
 def _out_of_range(origin: np.datetime64, steps: int, offset: BaseOffset) -> InvalidTimestampsError:

@@ -122,9 +122,10 @@ class ModelInfo(BaseModel):
 class AttentionOut(BaseModel):
     """Attention weights for one series, rounded to 4 decimals; each list holds one array per
     layer, indexed [head][query token][key token]. Encoder token i covers context steps
-    [i * patch_stride, i * patch_stride + patch_length) from `context_start`."""
+    [i * patch_stride, i * patch_stride + patch_length) from `context_start`, which is null when
+    the padded context reaches before 1677-09-22, where timestamps end (yearly data)."""
 
-    context_start: str
+    context_start: str | None
     patch_length: int
     patch_stride: int
     encoder: list[list[list[list[float]]]]

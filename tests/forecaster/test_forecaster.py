@@ -373,6 +373,21 @@ def test_attention_maps_have_token_shapes_and_rows_sum_to_one(fitted, series):
     assert np.all(np.triu(maps.decoder_self[0], k=1) == 0)
 
 
+def test_attention_of_yearly_data_whose_padded_context_precedes_1677():
+    """336 years of context back from 2009 reach before the timestamps pandas has: the maps
+    are still given, the context start is None (only padding lies there)."""
+    ds = pd.date_range("1950-01-01", periods=60, freq="YS")
+    history = pd.concat(
+        pd.DataFrame({"unique_id": f"s{i}", "ds": ds, "y": np.arange(60.0) + i}) for i in range(3)
+    )
+    model = Forecaster(ModelConfig(prediction_length=6), TrainConfig(max_epochs=0, progress=False))
+    maps = model.fit(history).attention(history)
+    assert maps.context_starts == [None, None, None]
+    assert np.isfinite(maps.cross[0]).all()
+    recent = history.assign(ds=history["ds"] + pd.DateOffset(years=60))  # 2010 .. 2069
+    assert model.attention(recent).context_starts[0] == "1734-01-01T00:00:00"
+
+
 def test_backtest_scores_rolling_windows(fitted, series):
     result = fitted.backtest(series, n_windows=2)
     assert result.n_windows == 2

@@ -106,6 +106,19 @@ def test_shifting_back_before_the_range_is_an_error():
         shift(np.array(["1677-09-25"], "datetime64[ns]"), "D", -10)
 
 
+@pytest.mark.parametrize("freq", ["YS", "D"])
+def test_a_shift_outside_the_range_names_its_timestamp_or_is_coerced_to_nat(freq):
+    """Of several timestamps moved alike, the error names the one that leaves the range (not
+    the first), and errors="coerce" makes only that one NaT."""
+    timestamps = np.array(["2000-01-01", "1700-01-01", "2010-01-01"], "datetime64[ns]")
+    steps = -50 if freq == "YS" else -365 * 50
+    with pytest.raises(InvalidTimestampsError, match="from 1700-01-01"):
+        shift(timestamps, freq, steps)
+    moved = shift(timestamps, freq, steps, errors="coerce")
+    assert np.isnat(moved).tolist() == [False, True, False]
+    np.testing.assert_array_equal(moved[[0, 2]], shift(timestamps[[0, 2]], freq, steps))
+
+
 @pytest.mark.parametrize("freq", ["W-SUN", "ME", "QS", "YE", "B", "h"])
 def test_regular_range_rolls_onto_anchored_grids_as_pandas_does(freq):
     expected = pd.date_range("2024-01-03 00:00", periods=5, freq=freq).to_numpy()

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from benchmarks import ltsf
+from forecaster import Forecaster, ModelConfig, TrainConfig
 from forecaster.explain import LABELS, PARTS
 
 TINY = {
@@ -68,3 +69,24 @@ def test_run_scores_validation_with_each_kind_of_attention_uniform(wide_csv):
         assert np.isfinite(earned[f"uniform {LABELS[part]}"]["val_mae"])
     assert 0 < earned["summary"]["encoder_entropy"] <= 1
     assert ltsf.run_one(wide_csv, 24, 48, seed=0, device="cpu", overrides=TINY)["attention"] is None
+
+
+def test_scores_summed_batch_by_batch_equal_those_of_all_windows_at_once(wide_csv):
+    """The test split is scored a batch at a time (memory: one batch); the figures must be
+    those of every window held at once."""
+    splits = ltsf.load_splits(wide_csv, lookback=48, horizon=24)
+    model = Forecaster(
+        ModelConfig(
+            context_length=48, prediction_length=24, **TINY["model"] | {"quantiles": (0.1, 0.9)}
+        ),
+        TrainConfig(max_epochs=1, progress=False, predict_batch_size=7),
+    ).fit(splits.train)
+    scores = ltsf._scores(model, splits.test)
+    windows = model.forecast_windows(splits.test)
+    assert scores["windows"] == len(windows.mean) == 2 * 177
+    error = windows.mean - windows.target
+    assert scores["mse"] == pytest.approx(np.mean(error**2), rel=1e-12)
+    assert scores["mae"] == pytest.approx(np.mean(np.abs(error)), rel=1e-12)
+    low, high = windows.quantiles[..., 0], windows.quantiles[..., -1]
+    inside = (windows.target >= low) & (windows.target <= high)
+    assert scores["band_coverage"] == pytest.approx(inside.mean(), rel=1e-12)

@@ -357,9 +357,11 @@ def series_codes(
         raise MissingValuesError(
             f"{ID} is missing at row {i}; every row needs a series id", field=ID
         )
-    ids = col.astype("str").array
-    codes, uniques = pd.factorize(ids)
-    return ids, codes.astype(np.int64, copy=False), pd.Index(uniques)
+    strings = col.astype("str")
+    # Series.factorize, not pd.factorize(strings.array): pandas 2 deprecates factorizing the
+    # NumPy-backed array its "str" cast gives.
+    codes, uniques = strings.factorize()
+    return strings.array, codes.astype(np.int64, copy=False), pd.Index(uniques)
 
 
 def _as_float(

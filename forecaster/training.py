@@ -50,6 +50,7 @@ from forecaster.windows import (
     SeriesPanel,
     WindowBatch,
     gather_windows,
+    with_frequency_masking,
     with_history,
     with_outages,
 )
@@ -461,6 +462,10 @@ def train_model(
                 group["lr"] = learning_rate * group["lr_scale"]
             origins = shard[batch_index * config.batch_size : (batch_index + 1) * config.batch_size]
             batch = gather_windows(train.panel, origins, mc.context_length, mc.prediction_length)
+            if config.frequency_mask_probability:
+                batch = with_frequency_masking(
+                    batch, config.frequency_mask_probability, config.frequency_mask_rate, rng
+                )
             if config.outage_probability:
                 batch = with_outages(batch, config.outage_probability, outage_span, rng)
             batch = batch.to(device)

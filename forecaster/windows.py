@@ -208,6 +208,33 @@ def with_outages(
     )
 
 
+def with_frequency_masking(
+    batch: WindowBatch, probability: float, rate: float, rng: np.random.Generator
+) -> WindowBatch:
+    """Training augmentation (FrAug's FreqMask, Chen et al. 2023): each complete window
+    (context and targets all observed) is, with `probability`, replaced by its context and
+    targets joined, with a share `rate` of their Fourier components zeroed and split again.
+
+    The context and its targets stay one consistent signal, so the model sees plausible
+    variations of the few patterns a year of training data holds. Windows with padding or
+    gaps are left as they are: a padded step has no value to transform.
+    """
+    complete = batch.past_observed_mask.all(dim=1) & batch.future_observed_mask.all(dim=1)
+    if not bool(complete.any()):  # draws nothing: data of short series trains as without it
+        return batch
+    chosen = complete & torch.from_numpy(rng.random(len(complete)) < probability)
+    if not bool(chosen.any()):
+        return batch
+    length = batch.past_values.shape[1]
+    joined = torch.cat([batch.past_values, batch.future_values], dim=1)[chosen]  # (b, L + H)
+    spectrum = torch.fft.rfft(joined, dim=1)  # (b, (L + H) // 2 + 1)
+    drop = torch.from_numpy(rng.random(spectrum.shape) < rate)
+    joined = torch.fft.irfft(spectrum.masked_fill(drop, 0), n=joined.shape[1], dim=1)
+    past, future = batch.past_values.clone(), batch.future_values.clone()
+    past[chosen], future[chosen] = joined[:, :length], joined[:, length:]
+    return dataclasses.replace(batch, past_values=past, future_values=future)
+
+
 def with_history(batch: WindowBatch, keep: torch.Tensor) -> WindowBatch:
     """The windows as if each series had begun `keep` (B,) steps before the forecast origin:
     the earlier context steps become padding (unobserved), the targets stay.

@@ -279,6 +279,12 @@ def test_an_interval_scale_that_is_not_a_positive_factor_is_refused(value):
         TrainConfig(interval_scale=value)
 
 
+@pytest.mark.parametrize("field", ["frequency_mask_probability", "frequency_mask_rate"])
+def test_a_frequency_mask_share_outside_0_1_is_refused(field):
+    with pytest.raises(InvalidConfigError, match=rf"{field}: expected in \[0, 1\], got 1.5"):
+        TrainConfig(**{field: 1.5})
+
+
 def test_one_interval_scale_stands_for_every_band_of_history():
     assert TrainConfig(interval_scale=1.5).interval_scale == (1.5,) * N_HISTORY_BANDS
     assert TrainConfig(interval_scale=[1, 2, 3, 4, 5, 6]).interval_scale == (1, 2, 3, 4, 5, 6)

@@ -1,7 +1,14 @@
+import dataclasses
+
 import numpy as np
 import torch
 
-from forecaster.windows import WindowBatch, series_scales, with_outages
+from forecaster.windows import (
+    WindowBatch,
+    series_scales,
+    with_frequency_masking,
+    with_outages,
+)
 
 
 def batch_of(observed: torch.Tensor) -> WindowBatch:
@@ -52,6 +59,54 @@ def test_outage_probability_is_per_window():
     out = with_outages(batch, 0.25, 24, np.random.default_rng(2))
     hit = (~out.past_observed_mask).any(dim=1).float().mean().item()
     assert 0.22 < hit < 0.28
+
+
+def complete_batch(size: int, length: int, horizon: int, seed: int = 0) -> WindowBatch:
+    rng = np.random.default_rng(seed)
+    return WindowBatch(
+        past_values=torch.from_numpy(rng.normal(size=(size, length))),
+        past_observed_mask=torch.ones(size, length, dtype=torch.bool),
+        future_values=torch.from_numpy(rng.normal(size=(size, horizon))),
+        future_observed_mask=torch.ones(size, horizon, dtype=torch.bool),
+        past_covariates=None,
+        future_covariates=None,
+        loss_scale=torch.ones(size, 1, dtype=torch.float64),
+    )
+
+
+def test_frequency_masking_zeroes_fourier_components_of_context_and_targets_together():
+    size, length, horizon, rate = 400, 48, 24, 0.3
+    batch = complete_batch(size, length, horizon)
+    out = with_frequency_masking(batch, 1.0, rate, np.random.default_rng(0))
+
+    joined = torch.cat([out.past_values, out.future_values], dim=1)
+    spectrum = torch.fft.rfft(joined, dim=1)
+    zeroed = (spectrum.abs() < 1e-9).double().mean().item()
+    assert abs(zeroed - rate) < 0.02, "a share `rate` of the joined window's components is lost"
+    # What is kept is the original's component: one signal, not context and targets apart.
+    original = torch.fft.rfft(torch.cat([batch.past_values, batch.future_values], dim=1), dim=1)
+    kept = spectrum.abs() >= 1e-9
+    torch.testing.assert_close(spectrum[kept], original[kept])
+    assert out.past_observed_mask is batch.past_observed_mask
+    assert out.future_observed_mask is batch.future_observed_mask
+
+
+def test_frequency_masking_leaves_padded_or_gappy_windows_and_the_unchosen_as_they_are():
+    batch = complete_batch(3000, 48, 24)
+    past_mask, future_mask = batch.past_observed_mask.clone(), batch.future_observed_mask.clone()
+    past_mask[:1000, :5] = False  # left padding
+    future_mask[1000:2000, -1] = False  # a missing target
+    batch = dataclasses.replace(
+        batch, past_observed_mask=past_mask, future_observed_mask=future_mask
+    )
+    out = with_frequency_masking(batch, 0.5, 0.3, np.random.default_rng(1))
+
+    changed = (out.past_values != batch.past_values).any(dim=1)
+    assert not changed[:2000].any(), "a window with unobserved steps has nothing to transform"
+    assert 0.45 < changed[2000:].double().mean().item() < 0.55, "chosen with the probability"
+    rate_zero = with_frequency_masking(batch, 1.0, 0.0, np.random.default_rng(2))
+    torch.testing.assert_close(rate_zero.past_values, batch.past_values)
+    torch.testing.assert_close(rate_zero.future_values, batch.future_values)
 
 
 def test_series_scales_count_errors_relative_to_the_level_or_to_the_spread():

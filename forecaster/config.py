@@ -299,13 +299,7 @@ class TrainConfig:
             object.__setattr__(self, "interval_scale", tuple(float(f) for f in scales))
         _check(self.grad_clip >= 0, "grad_clip", ">= 0", self.grad_clip)
         _check(0.0 <= self.ema_decay < 1.0, "ema_decay", "in [0, 1)", self.ema_decay)
-        _check(
-            0.0 <= self.outage_probability <= 1.0,
-            "outage_probability",
-            "in [0, 1]",
-            self.outage_probability,
-        )
-        for name in ("frequency_mask_probability", "frequency_mask_rate"):
+        for name in ("outage_probability", "frequency_mask_probability", "frequency_mask_rate"):
             value = getattr(self, name)
             _check(0.0 <= value <= 1.0, name, "in [0, 1]", value)
         _check(self.outage_seasons >= 1, "outage_seasons", ">= 1", self.outage_seasons)

@@ -109,6 +109,17 @@ def test_frequency_masking_leaves_padded_or_gappy_windows_and_the_unchosen_as_th
     torch.testing.assert_close(rate_zero.future_values, batch.future_values)
 
 
+def test_frequency_masking_draws_nothing_from_a_batch_without_a_complete_window():
+    """Catalogues of short series (every window padded) train exactly as without it."""
+    batch = complete_batch(64, 48, 24)
+    padded = batch.past_observed_mask.clone()
+    padded[:, 0] = False
+    batch = dataclasses.replace(batch, past_observed_mask=padded)
+    rng = np.random.default_rng(3)
+    assert with_frequency_masking(batch, 1.0, 0.3, rng) is batch
+    assert rng.random() == np.random.default_rng(3).random()
+
+
 def test_series_scales_count_errors_relative_to_the_level_or_to_the_spread():
     """Three series end to end: level 100 with spread 1 (NaN steps ignored), centred on zero
     with spread 2, and all zeros."""

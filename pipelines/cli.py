@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
-import signal
 import sys
 import warnings
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from pipelines.errors import (
     PipelineLockedError,
     TrackingUnavailableError,
 )
+from pipelines.interrupt import exit_on_sigterm
 
 logger = logging.getLogger("pipelines")
 
@@ -54,18 +54,13 @@ def _configure_logging(verbose: bool) -> None:
         warnings.filterwarnings("ignore", category=UserWarning, module=r"pydantic(\..*)?")
 
 
-def _raise_on_sigterm(signum: int, frame: Any) -> None:
-    # Unwind normally so the MLflow run is marked KILLED and the lock is released.
-    raise SystemExit(128 + signum)
-
-
 def command(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """Wrap a handler: logging, SIGTERM, and user errors as one line plus an exit code."""
 
     @functools.wraps(handler)
     def run(args: argparse.Namespace) -> int:
         _configure_logging(getattr(args, "verbose", False))
-        signal.signal(signal.SIGTERM, _raise_on_sigterm)
+        exit_on_sigterm()
         try:
             return handler(args)
         except (ForecasterInputError, InvalidModelUriError) as exc:

@@ -26,6 +26,7 @@ from forecaster.errors import ForecasterInputError
 from pipelines import tracking
 from pipelines.evaluate import Evaluation, evaluate
 from pipelines.ingest import IngestResult, ingest
+from pipelines.interrupt import uninterruptible
 from pipelines.lock import pipeline_lock
 from pipelines.monitor import MonitorResult, monitor
 from pipelines.promote import PromotionDecision, promote_with_settings
@@ -161,6 +162,7 @@ class PipelineRun:
         self.run_id = ""
         self._uri_context = None
 
+    @uninterruptible
     def __enter__(self) -> PipelineRun:
         tracking.check_reachable(self.uri)
         self.experiment_id = tracking.ensure_experiment(
@@ -192,6 +194,7 @@ class PipelineRun:
         )
         return self
 
+    @uninterruptible
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
             if exc_type is None:

@@ -235,8 +235,8 @@ def test_terminated_run_is_marked_killed(store, data_csv):
             run = runs[0]
         time.sleep(0.5)
     proc.send_signal(signum)
-    proc.wait(timeout=60)
-    assert run is not None
-    assert proc.returncode == 128 + signum
-    assert client.get_run(run.info.run_id).info.status == "KILLED"
+    _, stderr = proc.communicate(timeout=60)
+    assert run is not None, stderr
+    assert proc.returncode == 128 + signum, stderr
+    assert client.get_run(run.info.run_id).info.status == "KILLED", stderr
     assert _versions(store) == ["1"] and _champion(store) == "1"

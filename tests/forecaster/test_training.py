@@ -39,6 +39,17 @@ def test_training_is_deterministic_on_cpu(series):
         assert torch.equal(tensor, second[name]), name
 
 
+def test_frequency_masking_when_asked_changes_training_and_stays_deterministic(series):
+    def train_losses(probability: float) -> list[float]:
+        config = TrainConfig(**{**TINY_TRAIN, "frequency_mask_probability": probability})
+        model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
+        return [log.train_loss for log in model.train_result.epochs]
+
+    masked = train_losses(1.0)
+    assert masked == train_losses(1.0)
+    assert masked != train_losses(0.0)
+
+
 def test_callback_sees_every_epoch_and_best_weights_are_kept(series):
     logs: list[EpochLog] = []
     config = TrainConfig(**{**TINY_TRAIN, "max_epochs": 3, "patience": 3})

@@ -48,6 +48,17 @@ def temp_beside(path: Path) -> Path:
     return path.with_name(f"{path.name}.{uuid.uuid4().hex[:12]}.tmp")
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `path` whole or not at all: a resumed job reads these files, and a worker killed
+    mid-write must not leave one empty (a job resumed after a SIGKILL once failed on that)."""
+    tmp = temp_beside(path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -43,6 +43,7 @@ from service.job_files import (
     temp_beside,
     unify,
     write_errors,
+    write_text_atomic,
 )
 from service.job_store import Job
 from service.model_manager import ServedModel
@@ -135,7 +136,7 @@ def process_job(ctx: JobContext) -> None:
                 )
             except SeriesNotContiguousError:
                 logger.info("job %s: rows are not grouped by series; partitioning", job.id)
-                mode_file.write_text("partition")
+                write_text_atomic(mode_file, "partition")
                 shutil.rmtree(files.parts, ignore_errors=True)
                 files.parts.mkdir(parents=True)
         if n_done is None:
@@ -191,8 +192,8 @@ def _run_sources(
         if ctx.stopping.is_set():
             raise JobStopped("service stopping")
         in_part, errors = _forecast_partition(ctx, load(), part, done)
-        meta.write_text(
-            json.dumps({"rows": in_part.rows, "series": in_part.series, "errors": errors})
+        write_text_atomic(
+            meta, json.dumps({"rows": in_part.rows, "series": in_part.series, "errors": errors})
         )
         done += in_part
     left_out = without_id.counts()
@@ -239,7 +240,7 @@ def _partition(
         # values as text throughout, for the core to name that series. Only such files pay
         # for the second pass.
         rows = _write_partitions(read(False), out_dir, n_parts)
-    done_marker.write_text(str(rows))
+    write_text_atomic(done_marker, str(rows))
     return rows
 
 
@@ -315,7 +316,7 @@ class _RowsWithoutId:
                 batch = batch.filter(ids.is_valid())
             yield batch
         if count:
-            self.path.write_text(json.dumps({"first_row": first, "rows": count}))
+            write_text_atomic(self.path, json.dumps({"first_row": first, "rows": count}))
 
     def _recorded(self) -> dict[str, int] | None:
         return json.loads(self.path.read_text()) if self.path.exists() else None

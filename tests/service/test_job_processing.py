@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from service.job_files import JobFiles
+from service.job_files import JobFiles, write_text_atomic
 from service.job_processing import JobContext, JobStopped, process_job
 from service.job_store import JobStore
 from service.model_manager import ServedModel
@@ -170,3 +170,15 @@ def test_rows_without_an_id_are_listed_by_a_job_resumed_past_reading(
     assert f"unique_id is missing at row {without_id[0]} (2 " in errors["detail"].iloc[0]
     now = store.get(job.id)
     assert (now.rows_done, now.series_done, now.series_failed) == (len(frame), 4, 1)
+
+
+def test_a_state_file_is_written_whole_or_not_at_all(tmp_path):
+    """A resumed job reads each part's record; a write cut short (here by text that cannot be
+    encoded, in production by a SIGKILL) leaves the previous record as it was, and no
+    temporary file behind."""
+    meta = tmp_path / "00000.json"
+    write_text_atomic(meta, '{"rows": 3}')
+    with pytest.raises(UnicodeEncodeError):
+        write_text_atomic(meta, '{"rows": 4, "note": "\ud800"}')
+    assert meta.read_text() == '{"rows": 3}'
+    assert [p.name for p in tmp_path.iterdir()] == ["00000.json"]

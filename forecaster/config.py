@@ -184,7 +184,8 @@ class ModelConfig:
 class TrainConfig:
     """How the model is trained.
 
-    An epoch is `max_windows_per_epoch` random training windows, then one validation pass.
+    An epoch is `max_windows_per_epoch` random training windows (however many the data holds),
+    then one validation pass.
     When validation does not improve for `patience` epochs, the best weights are restored and
     the learning rate is multiplied by `lr_decay`; after `max_lr_decays` such decays training
     stops. The learning rate thus anneals exactly as far as the validation data supports, and
@@ -250,7 +251,11 @@ class TrainConfig:
     frequency_mask_probability: float = 0.0
     # Share of Fourier components a masked window loses (0.2 beat 0.1 and 0.5 on ETTh1).
     frequency_mask_rate: float = 0.2
-    # Training windows drawn per epoch (a fresh random subset each epoch); 0 = all.
+    # Training windows per epoch: a fresh random subset when the data holds more, successive
+    # shuffled passes over all of them when it holds fewer, so that a catalogue of a few
+    # hundred short series takes as many steps between two validations as a large one (when an
+    # epoch was one pass, M1's 181 yearly series trained for a handful of steps an epoch,
+    # within warmup, and scored below naive: holdout OWA 1.13 against 0.75 now). 0: one pass.
     max_windows_per_epoch: int = 65536
     # Cap on validation windows (evenly spaced over all series, fixed across epochs); 0 = all.
     # Validation runs every epoch: a catalogue of 48,000 monthly series holds ~930,000

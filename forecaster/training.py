@@ -405,9 +405,10 @@ def train_model(
     if config.compile:
         train_module = torch.compile(train_module)
 
-    per_epoch = len(train.origins)
-    if config.max_windows_per_epoch:
-        per_epoch = min(per_epoch, config.max_windows_per_epoch)
+    # An epoch is the same number of windows however many the data holds (successive shuffled
+    # passes over a small data set), so a catalogue of a few hundred short series is trained
+    # for as many steps between two validations as a large one.
+    per_epoch = config.max_windows_per_epoch or len(train.origins)
     # Every rank takes the same number of steps, or DDP's all-reduce would wait forever.
     steps_per_epoch = max(1, per_epoch // (config.batch_size * world.world_size))
     # Warm up over at most one epoch, so that small data sets train from their first epoch.
@@ -443,9 +444,9 @@ def train_model(
             lr_factor = replay[epoch - 1]
         path.append(lr_factor)
         model.train()
-        order = rng.permutation(train.origins)[
-            : steps_per_epoch * config.batch_size * world.world_size
-        ]
+        needed = steps_per_epoch * config.batch_size * world.world_size
+        passes = -(-needed // len(train.origins))
+        order = np.concatenate([rng.permutation(train.origins) for _ in range(passes)])[:needed]
         shard = order[world.rank :: world.world_size]
         running, seen = 0.0, 0
         bar = tqdm(

@@ -79,7 +79,7 @@ def test_scores_summed_batch_by_batch_equal_those_of_all_windows_at_once(wide_cs
         ModelConfig(
             context_length=48, prediction_length=24, **TINY["model"] | {"quantiles": (0.1, 0.9)}
         ),
-        TrainConfig(max_epochs=1, progress=False, predict_batch_size=7),
+        TrainConfig(max_epochs=1, max_windows_per_epoch=512, progress=False, predict_batch_size=7),
     ).fit(splits.train)
     scores = ltsf._scores(model, splits.test)
     windows = model.forecast_windows(splits.test)

@@ -17,7 +17,11 @@ TINY_MODEL = dict(
     d_ff=32,
     dropout=0.0,
 )
-TINY_TRAIN = dict(max_epochs=2, batch_size=64, progress=False, device="cpu", seed=0)
+# 16 steps of 64 windows per epoch (an epoch is max_windows_per_epoch windows, whatever the
+# data holds).
+TINY_TRAIN = dict(
+    max_epochs=2, batch_size=64, max_windows_per_epoch=1024, progress=False, device="cpu", seed=0
+)
 
 
 @pytest.fixture

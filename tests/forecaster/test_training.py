@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from forecaster import EpochLog, Forecaster, ModelConfig, TrainConfig
 from forecaster.config import HISTORY_EDGES, N_HISTORY_BANDS
 from forecaster.forecaster import _hold_out_tail
+from forecaster.model import PatchTransformer
 from forecaster.training import (
     INTERVAL_SCALES,
     _WeightAverage,
@@ -48,6 +49,33 @@ def test_frequency_masking_when_asked_changes_training_and_stays_deterministic(s
     masked = train_losses(1.0)
     assert masked == train_losses(1.0)
     assert masked != train_losses(0.0)
+
+
+def test_an_epoch_is_max_windows_per_epoch_windows_however_few_the_data_holds(series):
+    """A small catalogue takes as many steps between two validations as a large one: the epoch
+    passes over its windows as often as it takes; 0 is one pass."""
+    batches: list[int] = []
+
+    def count(module, args, output):
+        if isinstance(module, PatchTransformer) and module.training:
+            batches.append(len(args[0]))
+
+    def fit(windows_per_epoch: int) -> Forecaster:
+        batches.clear()
+        config = TrainConfig(
+            **{**TINY_TRAIN, "max_epochs": 1, "max_windows_per_epoch": windows_per_epoch}
+        )
+        return Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
+
+    handle = torch.nn.modules.module.register_module_forward_hook(count)
+    try:
+        model = fit(64 * 40)
+        assert model.train_result.n_train_windows < 64 * 40
+        assert batches == [64] * 40
+        model = fit(0)
+        assert batches == [64] * (model.train_result.n_train_windows // 64)
+    finally:
+        handle.remove()
 
 
 def test_callback_sees_every_epoch_and_best_weights_are_kept(series):

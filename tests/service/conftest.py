@@ -41,7 +41,9 @@ def tiny_config() -> tuple[ModelConfig, TrainConfig]:
         n_encoder_layers=1,
         n_decoder_layers=1,
     )
-    train = TrainConfig(max_epochs=1, batch_size=64, progress=False, device="cpu")
+    train = TrainConfig(
+        max_epochs=1, batch_size=64, max_windows_per_epoch=1024, progress=False, device="cpu"
+    )
     return model, train
 
 

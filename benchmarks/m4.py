@@ -417,13 +417,17 @@ def predict_ours(forecaster: Forecaster, split: Split) -> np.ndarray:
 
 
 PEERS = ("NHITS", "PatchTST", "MSTL")
+# statsforecast's models, each fitted per series; AutoETS and AutoTheta only when asked
+# (`--peers`), the classical peers of the Yearly, Quarterly and Monthly groups.
+STATISTICAL_PEERS = ("MSTL", "AutoETS", "AutoTheta")
 
 
 def run_peers(
     split: Split, seed: int, names: tuple[str, ...] = PEERS
 ) -> Iterator[tuple[str, np.ndarray, float]]:
-    """NeuralForecast's NHITS and PatchTST, statsforecast's MSTL (when the group has seasons for
-    it), each as it finishes: (name, forecast, seconds); nothing when not installed."""
+    """The peers of `names` among NeuralForecast's NHITS and PatchTST and statsforecast's MSTL
+    (when the group has seasons for it), AutoETS and AutoTheta, each as it finishes:
+    (name, forecast, seconds); nothing when not installed."""
     group = split.group
     frame = long_frame(split)
     try:
@@ -458,24 +462,36 @@ def run_peers(
                 forecasts_from_frame(split, predicted, name),
                 seconds,
             )
-    if "MSTL" not in names or not group.mstl_seasons:
+    statistical = [
+        n for n in names if n in STATISTICAL_PEERS and (n != "MSTL" or group.mstl_seasons)
+    ]
+    if not statistical:
         return
     try:
         from statsforecast import StatsForecast
-        from statsforecast.models import MSTL
+        from statsforecast.models import MSTL, AutoETS, AutoTheta, Naive
     except ImportError:
         print("peers: statsforecast not installed (pip install -e '.[peers]')", file=sys.stderr)
-    else:
+        return
+    seasons = ", ".join(map(str, group.mstl_seasons))
+    models = {
+        "MSTL": (lambda: MSTL(season_length=list(group.mstl_seasons)), f"MSTL ({seasons})"),
+        # The competitions' classical peers, each fitted per series with the group's season.
+        "AutoETS": (lambda: AutoETS(season_length=group.season), f"AutoETS (m={group.season})"),
+        "AutoTheta": (
+            lambda: AutoTheta(season_length=group.season),
+            f"AutoTheta (m={group.season})",
+        ),
+    }
+    for name in statistical:
+        make, label = models[name]
         started = time.perf_counter()
-        mstl = MSTL(season_length=list(group.mstl_seasons))
-        sf = StatsForecast(models=[mstl], freq=group.freq, n_jobs=-1)
+        # A series too short for the model (AutoETS refuses fewer points than its
+        # parameters) gets the last value instead, as statsforecast's fallback.
+        sf = StatsForecast(models=[make()], freq=group.freq, n_jobs=-1, fallback_model=Naive())
         predicted = sf.forecast(df=frame, h=group.horizon).reset_index()
         seconds = time.perf_counter() - started
-        yield (
-            f"statsforecast MSTL ({', '.join(map(str, group.mstl_seasons))})",
-            forecasts_from_frame(split, predicted, "MSTL"),
-            seconds,
-        )
+        yield f"statsforecast {label}", forecasts_from_frame(split, predicted, name), seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -491,9 +507,15 @@ def main(argv: list[str] | None = None) -> int:
         help="the M4 group (any case); default: the --data file's name before its first '-'",
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one run per seed")
-    parser.add_argument("--no-peers", action="store_true", help="skip NeuralForecast/MSTL")
     parser.add_argument(
-        "--peers", nargs="+", choices=PEERS, default=list(PEERS), help="which peers to run"
+        "--no-peers", action="store_true", help="skip the NeuralForecast and statsforecast peers"
+    )
+    parser.add_argument(
+        "--peers",
+        nargs="+",
+        choices=[*PEERS, *STATISTICAL_PEERS[1:]],
+        default=list(PEERS),
+        help="which peers to run (default: %(default)s)",
     )
     parser.add_argument("--no-ours", action="store_true", help="run the baselines and peers only")
     parser.add_argument(
@@ -577,7 +599,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, forecast, seconds in run_peers(split, args.seeds[0], tuple(args.peers)):
             add(name, forecast, round(seconds, 1))
 
-    print(f"M4 {group.name}, {len(split.ids)} series, horizon {horizon}, scored on the {mode}")
+    print(
+        f"{args.data.name} (M4 {group.name} protocol), {len(split.ids)} series, horizon {horizon}, "
+        f"scored on the {mode}"
+    )
     print("| model | sMAPE | MASE | OWA | fit + predict s |")
     print("|---|---|---|---|---|")
     for r in rows:
@@ -593,6 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(
             json.dumps(
                 {
+                    "data": args.data.name,
                     "group": group.name,
                     "mode": mode,
                     "machine": machine,

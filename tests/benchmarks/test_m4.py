@@ -15,7 +15,8 @@ from forecaster.explain import LABELS, PARTS
 from forecaster.metrics import mase_scale
 
 HOURLY = m4.GROUPS["Hourly"]
-QUICK = ["train.max_epochs=1", "train.progress=false"]
+# An epoch is max_windows_per_epoch windows however few the file holds: keep it short.
+QUICK = ["train.max_epochs=1", "train.max_windows_per_epoch=1024", "train.progress=false"]
 
 
 def write_wide(path: Path, series: list[np.ndarray]) -> Path:
@@ -85,10 +86,7 @@ def test_cli_scores_every_series_and_writes_json(wide_csv, tmp_path, capsys):
             "--short-and-gappy",
             "--set",
             "model.context_length=48",
-            "--set",
-            "train.max_epochs=1",
-            "--set",
-            "train.progress=false",
+            *sets(*QUICK),
             "--json",
             str(out),
         ]
@@ -134,7 +132,7 @@ def test_calibration_counts_the_truth_below_each_quantile_and_inside_the_band():
 
 def test_cli_scores_the_model_again_with_each_kind_of_attention_uniform(wide_csv, tmp_path):
     out = tmp_path / "m4.json"
-    settings = ["model.context_length=48", "train.max_epochs=1", "train.progress=false"]
+    settings = ["model.context_length=48", *QUICK]
     args = ["--data", str(wide_csv), "--no-peers", "--attention", "--json", str(out)]
     assert m4.main(args + [a for s in settings for a in ("--set", s)]) == 0
     rows = {r["model"]: r for r in json.loads(out.read_text())["results"]}
@@ -182,7 +180,7 @@ def test_group_option_is_case_insensitive_and_recorded(tmp_path, capsys):
     args = ["--data", str(data), "--group", "monthly", "--no-ours", "--no-peers"]
     assert m4.main([*args, "--json", str(out)]) == 0
     assert json.loads(out.read_text())["group"] == "Monthly"
-    assert "M4 Monthly, 3 series, horizon 18," in capsys.readouterr().out
+    assert "some.csv (M4 Monthly protocol), 3 series, horizon 18," in capsys.readouterr().out
 
 
 def test_a_file_naming_no_group_exits_2_naming_the_valid_ones(tmp_path, capsys):
@@ -210,7 +208,10 @@ def test_daily_runs_end_to_end_against_naive2_on_the_same_split(daily_csvs, tmp_
     assert all(np.isfinite(r["owa"]) for r in rows.values())
     assert rows["Naive2 (same split)"]["owa"] == 1.0
     printed = capsys.readouterr().out
-    assert "M4 Daily, 3 series, horizon 14, scored on the test file" in printed
+    assert (
+        "Daily-train.csv (M4 Daily protocol), 3 series, horizon 14, scored on the test file"
+        in printed
+    )
     assert "ES-RNN" not in printed  # Hourly's published anchors are Hourly's only
 
 

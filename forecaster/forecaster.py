@@ -170,6 +170,9 @@ class Forecaster:
     ) -> Forecaster:
         """Train on every window of `df`; judge epochs on `val_df` (else on a held-out tail).
 
+        With a held-out tail, the kept weights then train `TrainConfig.tail_epochs` more epochs
+        on every window of `df`, the tail's included.
+
         `val_df` holds each series' validation points preceded by up to context_length points
         of history, as `forecaster.data.time_split` produces. Every series with at least
         prediction_length + 1 points gives training windows; shorter ones are skipped.
@@ -212,6 +215,7 @@ class Forecaster:
             train_set = WindowSet(panel, panel.window_origins(h))
         else:
             train_set, val = _hold_out_tail(panel, h)
+        tail = val_df is None and val is not None
         if len(train_set.origins) == 0:
             longest = int(np.diff(panel.offsets).max())
             raise SeriesTooShortError(
@@ -221,9 +225,33 @@ class Forecaster:
             )
         seed_everything(self.train_config.seed)
         self.model = PatchTransformer(mc)
-        self.train_result = train_model(self.model, train_set, val, self.train_config, callbacks)
+        result = train_model(self.model, train_set, val, self.train_config, callbacks)
+        if tail and self.train_config.tail_epochs and result.kept_lr_factors:
+            result = self._train_on_tail(panel, result)
+        self.train_result = result
         self.device = next(self.model.parameters()).device
         return self
+
+    def _train_on_tail(self, panel: SeriesPanel, judged: TrainResult) -> TrainResult:
+        """Train the kept weights `tail_epochs` more epochs on every window of `panel`, the
+        held-out tail's included, at the last learning rate of their path; the linear start
+        and the interval factors stay as validation chose them. Returns `judged` with the
+        tail epochs' own result in `.tail`."""
+        config = self.train_config
+        more = dataclasses.replace(
+            config,
+            replay_lr_factors=(judged.kept_lr_factors[-1],) * config.tail_epochs,
+            max_epochs=0,
+            interval_scale=judged.interval_scale,
+        )
+        windows = WindowSet(panel, panel.window_origins(self.model_config.prediction_length))
+        logger.info(
+            "%d more epoch(s) on all %d windows, the validation tail's included",
+            config.tail_epochs,
+            len(windows.origins),
+        )
+        tail = train_model(self.model, windows, None, more, warm_start=True)
+        return dataclasses.replace(judged, tail=tail)
 
     # -- inference ------------------------------------------------------------------------
     def predict(
@@ -472,6 +500,7 @@ class Forecaster:
                 "seconds": r.seconds,
                 "device": r.device,
                 "epochs": len(r.epochs),
+                "tail_epochs": None if r.tail is None else len(r.tail.epochs),
             }
         meta = {
             "format_version": FORMAT_VERSION,

@@ -112,6 +112,9 @@ class TrainResult:
     # Factors on the quantiles' offsets from the point forecast, one per band of history
     # (see calibrate_intervals).
     interval_scale: tuple[float, ...] = (1.0,) * N_HISTORY_BANDS
+    # The epochs the kept weights then trained on every window, the held-out tail's included
+    # (TrainConfig.tail_epochs); None when there were none.
+    tail: TrainResult | None = None
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -374,11 +377,14 @@ def train_model(
     val: WindowSet | None,
     config: TrainConfig,
     callbacks: Sequence[Callable[[EpochLog], None]] = (),
+    warm_start: bool = False,
 ) -> TrainResult:
     """Fit `model` in place on the windows of `train`, judged on those of `val`.
 
     The model ends with the weights of the epoch of lowest validation loss (epoch 0 being the
-    linear start), or of the last epoch when there is no validation data.
+    linear start), or of the last epoch when there is no validation data. With `warm_start`
+    training goes on from the model's weights, its linear start included, instead of fitting
+    the linear start first.
     """
     mc: ModelConfig = model.config
     if len(train.origins) == 0:
@@ -394,7 +400,7 @@ def train_model(
     seed_everything(config.seed)
     model.to(device)
     ridge = None
-    if model.linear_start is not None:
+    if model.linear_start is not None and not warm_start:
         ridge = fit_linear_start(model, train, device)
         logger.info("linear start: ridge %g chosen by cross-validation", ridge)
     train_module: nn.Module = model
@@ -436,7 +442,8 @@ def train_model(
     best_path = 0  # len(path) when the best weights were taken
     started = time.perf_counter()
     stopped_early = False
-    for epoch in range(1, (len(replay) if is_replay else config.max_epochs) + 1):
+    n_epochs = len(replay) if is_replay else config.max_epochs
+    for epoch in range(1, n_epochs + 1):
         epoch_started = time.perf_counter()
         if is_replay:
             if epoch > 1 and replay[epoch - 1] != lr_factor:  # as after a restore
@@ -451,7 +458,7 @@ def train_model(
         running, seen = 0.0, 0
         bar = tqdm(
             range(steps_per_epoch),
-            desc=f"epoch {epoch}/{config.max_epochs}",
+            desc=f"{'replay ' if is_replay else ''}epoch {epoch}/{n_epochs}",
             disable=not (config.progress and world.is_main),
             leave=False,
         )

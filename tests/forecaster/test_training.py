@@ -18,10 +18,12 @@ from forecaster.forecaster import _hold_out_tail
 from forecaster.model import PatchTransformer
 from forecaster.training import (
     INTERVAL_SCALES,
+    WindowSet,
     _WeightAverage,
     calibrate_intervals,
     evaluate_loss,
     resolve_device,
+    train_model,
 )
 from forecaster.validation import validate_long_frame
 from forecaster.windows import SeriesPanel, gather_windows, with_history
@@ -185,6 +187,58 @@ def test_a_replay_retrains_along_the_kept_path(series):
     assert np.isfinite(refit.predict(series)["mean"]).all()
 
 
+def test_fit_trains_the_kept_weights_on_the_held_out_tail_too(series):
+    """The tail validation judged on is the most recent data: after early stopping, the kept
+    weights train tail_epochs more epochs on every window, the tail's included, at the last
+    rate of their path, with the interval factors validation chose."""
+    # Without a linear start any learning beats epoch 0, so an epoch is kept.
+    model_config = ModelConfig(**{**TINY_MODEL, "linear_start": False})
+    config = TrainConfig(
+        **{**TINY_TRAIN, "max_epochs": 3, "learning_rate": 3e-3, "max_windows_per_epoch": 4096}
+    )
+    assert config.tail_epochs == 1
+    kept = Forecaster(model_config, config).fit(series)
+    judged = Forecaster(model_config, dataclasses.replace(config, tail_epochs=0)).fit(series)
+    result, tail = kept.train_result, kept.train_result.tail
+    assert judged.train_result.tail is None
+    assert result.kept_lr_factors == judged.train_result.kept_lr_factors != ()
+    assert result.best_val_loss == judged.train_result.best_val_loss
+    assert tail.n_train_windows > result.n_train_windows  # the tail's windows train too
+    assert [e.learning_rate for e in tail.epochs] == [
+        config.learning_rate * result.kept_lr_factors[-1]
+    ]
+    assert tail.interval_scale == result.interval_scale
+    assert not kept.predict(series)["mean"].equals(judged.predict(series)["mean"])
+
+
+def test_a_kept_linear_start_gets_no_tail_epochs(fitted):
+    """Validation kept the linear start alone (no epoch beat it): nothing trains unjudged."""
+    assert fitted.train_result.kept_lr_factors == ()
+    assert fitted.train_result.tail is None
+
+
+@pytest.mark.parametrize("warm_start", [True, False])
+def test_a_warm_start_goes_on_from_the_trained_linear_start(series, tiny_config, warm_start):
+    """Training on from trained weights keeps their linear start; a cold start refits it."""
+    panel = SeriesPanel.from_validated(validate_long_frame(series), tiny_config)
+    windows = WindowSet(panel, panel.window_origins(tiny_config.prediction_length))
+    model = PatchTransformer(tiny_config)
+    with torch.no_grad():
+        model.linear_start.weight.fill_(0.01)
+    config = TrainConfig(**{**TINY_TRAIN, "replay_lr_factors": (1.0,), "linear_start_lr_scale": 0})
+    train_model(model, windows, None, config, warm_start=warm_start)
+    assert (model.linear_start.weight == 0.01).all().item() is warm_start
+
+
+def test_a_given_val_df_is_never_trained_on(series):
+    """With val_df the caller chose the split (as the pipelines and benchmarks.ltsf do): no
+    tail epochs, the model kept is the one validation judged."""
+    model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN)).fit(
+        series, val_df=series
+    )
+    assert model.train_result.tail is None
+
+
 def _band_coverage(model: Forecaster, series: pd.DataFrame) -> float:
     """Share of the automatic validation windows' targets inside the 0.1-0.9 band."""
     mc = model.model_config
@@ -269,7 +323,9 @@ def test_fit_widens_a_band_that_is_narrow_on_the_held_out_tail(series):
     tail = series.groupby("unique_id").cumcount(ascending=False) < 50
     spread = series.groupby("unique_id")["y"].transform("std")
     noisy = series.assign(y=series["y"] + tail * rng.normal(0, 0.3, len(series)) * spread)
-    model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN)).fit(noisy)
+    # The model judged on the tail, before it trains on the tail too.
+    config = TrainConfig(**{**TINY_TRAIN, "tail_epochs": 0})
+    model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(noisy)
     scales = model.train_result.interval_scale
     assert scales[-1] > 1.2
     assert model.model.interval_scale.tolist() == pytest.approx(scales)
@@ -340,7 +396,7 @@ def test_weight_average_follows_its_recursion_and_swaps_back():
 
 def test_the_weights_returned_are_the_ones_validation_judged(series):
     """With weight averaging on (the default), best_val_loss is the returned model's loss."""
-    config = TrainConfig(**{**TINY_TRAIN, "max_epochs": 3, "patience": 3})
+    config = TrainConfig(**{**TINY_TRAIN, "max_epochs": 3, "patience": 3, "tail_epochs": 0})
     assert config.ema_decay > 0
     model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
     result = model.train_result

@@ -48,6 +48,11 @@ back, the last three years. Where m is 1 a season is one step, named by the step
 "one week seven weeks back missing", on Yearly "last year missing". An outage never takes a
 history's first two points (M4's shortest Monthly and Quarterly holdout histories are two years).
 
+`--refit` scores each fitted model's refit as well: the same configuration trained on every
+window, each series' held-out validation tail included, along the path validation kept (what
+`pipelines` serves after a promotion; `TrainConfig.tail_epochs` is the library's cheaper
+default, docs/model-choices.md).
+
 `--attention` scores each fitted model once more with each kind of its attention made uniform
 (`forecaster.explain`): what attention earns on the held-out points, and how peaked it is.
 
@@ -381,6 +386,7 @@ def run_ours(split: Split, seed: int, overrides: dict) -> tuple[Forecaster, np.n
             "train_seconds": round(seconds, 1),
             "epochs": len(r.epochs),
             "best_epoch": r.best_epoch,
+            "tail_epochs": 0 if r.tail is None else len(r.tail.epochs),
             "initial_val_loss": r.initial_val_loss,
             "best_val_loss": r.best_val_loss,
             "linear_start_ridge": r.linear_start_ridge,
@@ -410,6 +416,20 @@ def calibration(
             split.truth, low, high, history, context_length
         )
     return out
+
+
+def refit_ours(forecaster: Forecaster, split: Split) -> Forecaster:
+    """What `pipelines` serves after a promotion: a fresh model of the same configuration
+    trained on every window of the split's histories along the path validation kept, with its
+    interval factors."""
+    r = forecaster.train_result
+    replay = replace(
+        forecaster.train_config,
+        replay_lr_factors=r.kept_lr_factors,
+        max_epochs=0,
+        interval_scale=r.interval_scale,
+    )
+    return Forecaster(forecaster.model_config, replay).fit(long_frame(split))
 
 
 def predict_ours(forecaster: Forecaster, split: Split) -> np.ndarray:
@@ -533,6 +553,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also score each fitted model with each kind of attention made uniform",
     )
+    parser.add_argument(
+        "--refit",
+        action="store_true",
+        help="also score each fitted model refit on every window along its kept path",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     add_set_option(parser)
     args = parser.parse_args(argv)
@@ -582,6 +607,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.attention:
             info["attention"] = attention_summary(forecaster.attention(long_frame(split)))
         add(f"ours (seed {seed})", forecast, info["train_seconds"], seed=seed, **info)
+        if args.refit:
+            started = time.perf_counter()
+            refit = refit_ours(forecaster, split)
+            seconds = round(time.perf_counter() - started, 1)
+            add(f"ours (seed {seed}), refit on every window", predict_ours(refit, split), seconds)
         for part in PARTS if args.attention else ():
             with uniform_attention(forecaster.model, part):
                 add(

@@ -209,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             "seconds": round(seconds, 1),
             "epochs": len(result.epochs),
             "best_epoch": result.best_epoch,
+            "tail_epochs": 0 if result.tail is None else len(result.tail.epochs),
             "initial_val_loss": result.initial_val_loss,
             "best_val_loss": result.best_val_loss,
             "linear_start_ridge": result.linear_start_ridge,

@@ -103,6 +103,16 @@ def test_cli_scores_every_series_and_writes_json(wide_csv, tmp_path, capsys):
     assert "| ours (seed 0) |" in capsys.readouterr().out
 
 
+def test_refit_row_scores_a_model_trained_on_the_validation_tail_too(wide_csv, tmp_path):
+    out = tmp_path / "m4.json"
+    args = ["--data", str(wide_csv), "--no-peers", "--refit", "--json", str(out)]
+    assert m4.main([*args, *sets("model.context_length=48", *QUICK)]) == 0
+    rows = {r["model"]: r for r in json.loads(out.read_text())["results"]}
+    ours, refit = rows["ours (seed 0)"], rows["ours (seed 0), refit on every window"]
+    assert np.isfinite(refit["owa"]) and refit["seconds"] is not None
+    assert refit["smape"] != ours["smape"]
+
+
 def test_cli_refuses_a_missing_file(tmp_path, capsys):
     assert m4.main(["--data", str(tmp_path / "nope.csv")]) == 2
     assert "no such file" in capsys.readouterr().err

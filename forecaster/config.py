@@ -223,11 +223,12 @@ class TrainConfig:
     # weights then train this many more epochs on every window, the tail's included, at the
     # last learning rate of their path: the tail is each series' most recent data (at least
     # one horizon), which the judged model never trained on. Holdout OWA with 0 -> 1: M3
-    # Monthly 0.971 -> 0.937, M4 Hourly 0.5023 -> 0.5015, M1 Quarterly 0.834 -> 0.844: better
-    # on seven of eight sets, -1.1 % on their mean (docs/model-choices.md). Retraining the whole kept path on every
-    # window (a refit, what `pipelines` does after a promotion) gains more on some sets and
-    # loses on others, at the cost of most of the training again. None when validation kept
-    # the linear start alone (nothing trains that validation did not judge better). 0: none.
+    # Monthly 0.971 -> 0.937, M4 Hourly 0.5023 -> 0.5015, M1 Quarterly 0.834 -> 0.844;
+    # better on seven of eight sets, -1.1 % on their mean (docs/model-choices.md).
+    # Retraining the whole kept path on every window (a refit, what `pipelines` does after a
+    # promotion) gains more on some sets, loses on others and costs most of the training
+    # again. No tail epoch when validation kept the linear start alone: nothing trains that
+    # validation did not judge better. 0: none.
     tail_epochs: int = 1
     # Factors on the quantiles' offsets from the point forecast, one per band of
     # HISTORY_EDGES (a window that sees at most L/32 of history first, more than L/2 last); one

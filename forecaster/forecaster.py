@@ -171,7 +171,8 @@ class Forecaster:
         """Train on every window of `df`; judge epochs on `val_df` (else on a held-out tail).
 
         With a held-out tail, the kept weights then train `TrainConfig.tail_epochs` more epochs
-        on every window of `df`, the tail's included.
+        on every window of `df`, the tail's included (not reported to `callbacks`, which see
+        the judged epochs).
 
         `val_df` holds each series' validation points preceded by up to context_length points
         of history, as `forecaster.data.time_split` produces. Every series with at least
@@ -215,7 +216,7 @@ class Forecaster:
             train_set = WindowSet(panel, panel.window_origins(h))
         else:
             train_set, val = _hold_out_tail(panel, h)
-        tail = val_df is None and val is not None
+        held_out_tail = val_df is None and val is not None
         if len(train_set.origins) == 0:
             longest = int(np.diff(panel.offsets).max())
             raise SeriesTooShortError(
@@ -226,7 +227,7 @@ class Forecaster:
         seed_everything(self.train_config.seed)
         self.model = PatchTransformer(mc)
         result = train_model(self.model, train_set, val, self.train_config, callbacks)
-        if tail and self.train_config.tail_epochs and result.kept_lr_factors:
+        if held_out_tail and self.train_config.tail_epochs and result.kept_lr_factors:
             result = self._train_on_tail(panel, result)
         self.train_result = result
         self.device = next(self.model.parameters()).device

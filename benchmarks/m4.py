@@ -422,14 +422,7 @@ def refit_ours(forecaster: Forecaster, split: Split) -> Forecaster:
     """What `pipelines` serves after a promotion: a fresh model of the same configuration
     trained on every window of the split's histories along the path validation kept, with its
     interval factors."""
-    r = forecaster.train_result
-    replay = replace(
-        forecaster.train_config,
-        replay_lr_factors=r.kept_lr_factors,
-        max_epochs=0,
-        interval_scale=r.interval_scale,
-    )
-    return Forecaster(forecaster.model_config, replay).fit(long_frame(split))
+    return Forecaster(forecaster.model_config, forecaster.refit_config()).fit(long_frame(split))
 
 
 def predict_ours(forecaster: Forecaster, split: Split) -> np.ndarray:

@@ -233,6 +233,18 @@ class Forecaster:
         self.device = next(self.model.parameters()).device
         return self
 
+    def refit_config(self) -> TrainConfig:
+        """The TrainConfig that retrains this fitted model's configuration on all the data along
+        the path validation kept (`replay_lr_factors`), with its interval factors; with no
+        kept epoch, the linear start alone."""
+        result = self.train_result
+        return dataclasses.replace(
+            self.train_config,
+            replay_lr_factors=result.kept_lr_factors if result else (),
+            max_epochs=0,
+            interval_scale=result.interval_scale if result else None,
+        )
+
     def _train_on_tail(self, panel: SeriesPanel, judged: TrainResult) -> TrainResult:
         """Train the kept weights `tail_epochs` more epochs on every window of `panel`, the
         held-out tail's included, at the last learning rate of their path; the linear start

@@ -15,7 +15,6 @@ it is scored on windows it has trained on, which favours keeping it.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 from forecaster import Forecaster
@@ -43,17 +42,11 @@ def refit(
 ) -> ModelRef:
     """Train ``evaluated``'s configuration on all of ``data``, register it, make it champion."""
     model = evaluated.forecaster
-    result = model.train_result
-    factors = result.kept_lr_factors if result else ()
     # The evaluated run kept epoch 0 (the linear start) when no epoch was kept: replaying no
     # epoch fits the linear start alone, on every window. The intervals' calibration is
     # replayed too: a refit holds no windows out to calibrate on.
-    replay = dataclasses.replace(
-        model.train_config,
-        replay_lr_factors=factors,
-        max_epochs=0,
-        interval_scale=result.interval_scale if result else None,
-    )
+    replay = model.refit_config()
+    factors = replay.replay_lr_factors
     refitted = Forecaster(model.model_config, replay).fit(data.frame)
     logger.info(
         "refit version %s's configuration on all %d series up to %s: %d epoch(s)",

@@ -228,7 +228,9 @@ class TrainConfig:
     # Retraining the whole kept path on every window (a refit, what `pipelines` does after a
     # promotion) gains more on some sets, loses on others and costs most of the training
     # again. No tail epoch when validation kept the linear start alone: nothing trains that
-    # validation did not judge better. 0: none.
+    # validation did not judge better. They train the point forecast only: the quantile head
+    # keeps the weights its interval factors were calibrated for (docs/model-choices.md).
+    # 0: none.
     tail_epochs: int = 1
     # Factors on the quantiles' offsets from the point forecast, one per band of
     # HISTORY_EDGES (a window that sees at most L/32 of history first, more than L/2 last); one

@@ -247,9 +247,9 @@ class Forecaster:
 
     def _train_on_tail(self, panel: SeriesPanel, judged: TrainResult) -> TrainResult:
         """Train the kept weights `tail_epochs` more epochs on every window of `panel`, the
-        held-out tail's included, at the last learning rate of their path; the linear start
-        and the interval factors stay as validation chose them. Returns `judged` with the
-        tail epochs' own result in `.tail`."""
+        held-out tail's included, at the last learning rate of their path; the linear start,
+        the quantile head and the interval factors stay as validation chose them. Returns
+        `judged` with the tail epochs' own result in `.tail`."""
         config = self.train_config
         more = dataclasses.replace(
             config,
@@ -263,7 +263,18 @@ class Forecaster:
             config.tail_epochs,
             len(windows.origins),
         )
-        tail = train_model(self.model, windows, None, more, warm_start=True)
+        # The factors were calibrated for this quantile head on windows the tail epochs now
+        # train on. Trained on, the head would learn the smaller in-sample errors and narrow
+        # the bands below what validation measured (0.1-0.9 band on the M4 Hourly holdout:
+        # 77.8 % trained, 80.3 % kept; aim 80 %).
+        head = self.model.quantile_head
+        if head is not None:
+            head.requires_grad_(False)
+        try:
+            tail = train_model(self.model, windows, None, more, warm_start=True)
+        finally:
+            if head is not None:
+                head.requires_grad_(True)
         return dataclasses.replace(judged, tail=tail)
 
     # -- inference ------------------------------------------------------------------------

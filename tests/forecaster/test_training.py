@@ -190,7 +190,8 @@ def test_a_replay_retrains_along_the_kept_path(series):
 def test_fit_trains_the_kept_weights_on_the_held_out_tail_too(series):
     """The tail validation judged on is the most recent data: after early stopping, the kept
     weights train tail_epochs more epochs on every window, the tail's included, at the last
-    rate of their path, with the interval factors validation chose."""
+    rate of their path; the quantile head and the interval factors stay as validation
+    calibrated them, so the bands do not narrow to the tail's in-sample errors."""
     # Without a linear start any learning beats epoch 0, so an epoch is kept.
     model_config = ModelConfig(**{**TINY_MODEL, "linear_start": False})
     config = TrainConfig(
@@ -209,6 +210,10 @@ def test_fit_trains_the_kept_weights_on_the_held_out_tail_too(series):
     ]
     assert tail.interval_scale == result.interval_scale
     assert not kept.predict(series)["mean"].equals(judged.predict(series)["mean"])
+    kept_head, judged_head = kept.model.quantile_head, judged.model.quantile_head
+    assert torch.equal(kept_head.weight, judged_head.weight)
+    assert torch.equal(kept_head.bias, judged_head.bias)
+    assert kept_head.weight.requires_grad  # frozen for the tail epochs only
 
 
 def test_a_kept_linear_start_gets_no_tail_epochs(fitted):

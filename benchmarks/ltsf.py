@@ -9,6 +9,11 @@ Protocol of the long-term forecasting literature (Informer, Autoformer, PatchTST
 - stride-1 windows, every test window scored (no dropped last batch);
 - MSE and MAE on the scaled data, averaged over variables, horizon steps and windows.
 
+`--peers` runs NeuralForecast's PatchTST, NHITS and DLinear on the same split (the `peers`
+extra, in its own environment: `.venv-peers/bin/python -m benchmarks.ltsf ... --peers NHITS
+DLinear --no-ours`): trained on the training rows alone, every test window scored on the same
+scaled data. PatchTST with its defaults takes hours per horizon on a 2-core CPU.
+
 Data credit: ETT dataset (Zhou et al., Informer, AAAI 2021), CC BY-ND 4.0, read from
 `../shared/data/`; no copy is kept in this repository.
 """
@@ -72,7 +77,9 @@ class Splits:
     n_test_windows: int  # per variable
 
 
-def load_splits(path: Path, lookback: int, horizon: int) -> Splits:
+def _scaled(path: Path) -> tuple[pd.DataFrame, str, Borders]:
+    """The wide frame scaled by a StandardScaler fitted on the training rows, its time column
+    and the split's borders."""
     wide = pd.read_csv(path)
     time_column = wide.columns[0]
     values = wide.drop(columns=[time_column]).astype("float64")
@@ -80,6 +87,11 @@ def load_splits(path: Path, lookback: int, horizon: int) -> Splits:
     scaler = StandardScaler().fit(values.iloc[: b.train_end].to_numpy())
     scaled = pd.DataFrame(scaler.transform(values.to_numpy()), columns=values.columns)
     scaled.insert(0, time_column, pd.to_datetime(wide[time_column]))
+    return scaled, time_column, b
+
+
+def load_splits(path: Path, lookback: int, horizon: int) -> Splits:
+    scaled, time_column, b = _scaled(path)
 
     def part(start: int, end: int) -> pd.DataFrame:
         return wide_to_long(scaled.iloc[start:end].reset_index(drop=True), time_column=time_column)
@@ -220,31 +232,107 @@ def run_one(
     }
 
 
+# NeuralForecast's models (the `peers` extra) on the same split, with their documented
+# defaults except what the protocol fixes (input_size: the lookback L) and what
+# benchmarks.m4 gives its peers (max_steps 1000, the robust scaler).
+PEERS = ("PatchTST", "NHITS", "DLinear")
+
+
+def peer_scores(predicted: pd.DataFrame, name: str) -> dict[str, float]:
+    """MSE and MAE of column `name` of NeuralForecast's cross-validation frame (`unique_id`,
+    `cutoff`, `y`, one column per model), and the windows (id, cutoff) it holds."""
+    error = predicted[name].to_numpy(np.float64) - predicted["y"].to_numpy(np.float64)
+    windows = len(predicted[["unique_id", "cutoff"]].drop_duplicates())
+    return {
+        "mse": float(np.mean(error**2)),
+        "mae": float(np.mean(np.abs(error))),
+        "windows": windows,
+    }
+
+
+def run_peer(data: Path, name: str, horizon: int, lookback: int, seed: int) -> dict | None:
+    """NeuralForecast's `name` trained on the training rows alone (validation and test rows
+    are cut from its training windows), scored on every test window; None when NeuralForecast
+    is not installed."""
+    try:
+        import neuralforecast.models
+        from neuralforecast import NeuralForecast
+    except ImportError:
+        print("peers: neuralforecast not installed (pip install -e '.[peers]')", file=sys.stderr)
+        return None
+    scaled, time_column, b = _scaled(data)
+    frame = wide_to_long(scaled.iloc[: b.test_end], time_column=time_column)
+    freq = pd.infer_freq(scaled[time_column].iloc[:3]) or "h"
+    max_steps = 1000
+    peer = getattr(neuralforecast.models, name)(
+        h=horizon,
+        input_size=lookback,
+        max_steps=max_steps,
+        scaler_type="robust",
+        random_seed=seed,
+        # Validation losses would only be logged (no early stopping by default): skip them.
+        val_check_steps=max_steps,
+        enable_progress_bar=False,
+        logger=False,
+    )
+    started = time.perf_counter()
+    predicted = NeuralForecast(models=[peer], freq=freq).cross_validation(
+        frame,
+        n_windows=None,
+        step_size=1,
+        val_size=b.val_end - b.train_end,
+        test_size=b.test_end - b.val_end,
+    )
+    seconds = time.perf_counter() - started
+    scores = peer_scores(predicted, name)
+    n_test_windows = b.test_end - b.val_end - horizon + 1
+    assert scores["windows"] == n_test_windows * frame["unique_id"].nunique(), "every window"
+    return {
+        "dataset": data.stem,
+        "variant": f"NeuralForecast {name}",
+        "horizon": horizon,
+        "lookback": lookback,
+        "seed": seed,
+        "mse": scores["mse"],
+        "mae": scores["mae"],
+        "test_windows": n_test_windows,
+        "train_seconds": round(seconds, 1),
+        "device": f"cpu ({torch.get_num_threads()} threads)",
+    }
+
+
 def print_table(results: list[dict[str, object]]) -> None:
     full = [r for r in results if r["variant"] == "full"]
     horizons = sorted({int(r["horizon"]) for r in results})
     header = "| model | " + " | ".join(str(h) for h in horizons) + " |"
     rule = "|---" * (len(horizons) + 1) + "|"
 
-    def cell(rows: list[dict], key: str) -> str:
+    def cell(rows: list[dict], key: str, digits: int) -> str:
         values = [float(r[key]) for r in rows]
         if not values:
             return "-"
         if len(values) == 1:
-            return f"{values[0]:.3f}"
-        return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f} (n={len(values)})"
+            return f"{values[0]:.{digits}f}"
+        mean, spread = statistics.mean(values), statistics.stdev(values)
+        return f"{mean:.{digits}f} ± {spread:.{digits}f} (n={len(values)})"
 
-    def row(name: str, rows: list[dict], key: str) -> str:
-        cells = [cell([r for r in rows if int(r["horizon"]) == h], key) for h in horizons]
+    def row(name: str, rows: list[dict], key: str, digits: int = 3) -> str:
+        cells = [cell([r for r in rows if int(r["horizon"]) == h], key, digits) for h in horizons]
         return f"| {name} | " + " | ".join(cells) + " |"
 
-    if full:
-        lookback = full[0]["lookback"]
+    peers = [r for r in results if str(r["variant"]).startswith("NeuralForecast")]
+    if full or peers:
+        lookback = (full or peers)[0]["lookback"]
         print("Test MSE, every window (defaults chosen on validation only):")
         print(header)
         print(rule)
-        print(row(f"ours (L={lookback})", full, "mse"))
-        print(row("ours, test MAE (not MSE)", full, "mae"))
+        if full:
+            print(row(f"ours (L={lookback})", full, "mse"))
+            print(row("ours, test MAE (not MSE)", full, "mae"))
+        for name in dict.fromkeys(str(r["variant"]) for r in peers):
+            same = [r for r in peers if r["variant"] == name]
+            print(row(f"{name} (L={lookback}, same split)", same, "mse"))
+            print(row(f"{name}, train + predict s", same, "train_seconds", digits=0))
         for name, anchor in ANCHORS.items():
             print(
                 f"| {name} | "
@@ -252,6 +340,9 @@ def print_table(results: list[dict[str, object]]) -> None:
                 + " |"
             )
         print()
+    results = [r for r in results if r not in peers]
+    if not results:
+        return
     variants = [v for v in VARIANTS if any(r["variant"] == v for r in results)]
     if len(variants) > 1:
         for key, metric in (("val_mse", "MSE"), ("val_mae", "MAE")):
@@ -327,6 +418,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also score validation with each kind of attention made uniform (what it earns)",
     )
+    parser.add_argument(
+        "--peers",
+        nargs="*",
+        choices=PEERS,
+        help="also run these of NeuralForecast's models on the same split (the peers extra; "
+        f"no name: {', '.join(PEERS)})",
+    )
+    parser.add_argument("--no-ours", action="store_true", help="run the peers only")
     add_set_option(parser)
     args = parser.parse_args(argv)
     if not args.data.is_file():
@@ -334,10 +433,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     overrides = overrides_of(args)
 
-    variants = list(VARIANTS) if args.ablation else ["full"]
+    variants = [] if args.no_ours else list(VARIANTS) if args.ablation else ["full"]
     results = []
     for horizon in args.horizon or HORIZONS:
         for seed in args.seeds:
+            for name in (args.peers or PEERS) if args.peers is not None else ():
+                peer = run_peer(args.data, name, horizon, args.lookback, seed)
+                if peer is None:
+                    break
+                print(json.dumps(peer), file=sys.stderr, flush=True)
+                results.append(peer)
             for variant in variants:
                 result = run_one(
                     args.data,

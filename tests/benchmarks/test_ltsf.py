@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -90,3 +92,28 @@ def test_scores_summed_batch_by_batch_equal_those_of_all_windows_at_once(wide_cs
     low, high = windows.quantiles[..., 0], windows.quantiles[..., -1]
     inside = (windows.target >= low) & (windows.target <= high)
     assert scores["band_coverage"] == pytest.approx(inside.mean(), rel=1e-12)
+
+
+def test_peer_scores_count_every_window_of_neuralforecasts_cross_validation():
+    """NeuralForecast's cross-validation frame: one row per (series, cutoff, step)."""
+    predicted = pd.DataFrame(
+        {
+            "unique_id": ["a"] * 4 + ["b"] * 4,
+            "cutoff": [0, 0, 1, 1] * 2,
+            "y": [1.0, 2.0, 3.0, 4.0, 0.0, 0.0, 0.0, 0.0],
+            "DLinear": [1.0, 2.0, 3.0, 6.0, 1.0, -1.0, 0.0, 0.0],
+        }
+    )
+    scores = ltsf.peer_scores(predicted, "DLinear")
+    assert scores == {"mse": 6 / 8, "mae": 4 / 8, "windows": 4}
+
+
+def test_peers_without_neuralforecast_say_so_and_ours_still_runs(wide_csv, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "neuralforecast", None)  # import fails as uninstalled
+    args = ["--data", str(wide_csv), "--horizon", "24", "--lookback", "48", "--peers"]
+    overrides = [f"--set=model.{k}={v}" for k, v in TINY["model"].items() if k != "quantiles"]
+    overrides += [f"--set=train.{k}={v}" for k, v in TINY["train"].items()]
+    assert ltsf.main([*args, *overrides]) == 0
+    captured = capsys.readouterr()
+    assert "neuralforecast not installed" in captured.err
+    assert "| ours (L=48) |" in captured.out

@@ -35,6 +35,7 @@ import torch
 from sklearn.preprocessing import StandardScaler
 
 from benchmarks.overrides import add_set_option, overrides_of
+from benchmarks.peers import MAX_STEPS, neuralforecast_model
 from forecaster import Forecaster, ModelConfig, TrainConfig
 from forecaster.data import wide_to_long
 from forecaster.explain import LABELS, PARTS, attention_summary, uniform_attention
@@ -232,9 +233,8 @@ def run_one(
     }
 
 
-# NeuralForecast's models (the `peers` extra) on the same split, with their documented
-# defaults except what the protocol fixes (input_size: the lookback L) and what
-# benchmarks.m4 gives its peers (max_steps 1000, the robust scaler).
+# NeuralForecast's models (the `peers` extra) on the same split, with the peers' settings
+# (benchmarks.peers) and input_size the protocol's lookback L.
 PEERS = ("PatchTST", "NHITS", "DLinear")
 
 
@@ -255,7 +255,6 @@ def run_peer(data: Path, name: str, horizon: int, lookback: int, seed: int) -> d
     are cut from its training windows), scored on every test window; None when NeuralForecast
     is not installed."""
     try:
-        import neuralforecast.models
         from neuralforecast import NeuralForecast
     except ImportError:
         print("peers: neuralforecast not installed (pip install -e '.[peers]')", file=sys.stderr)
@@ -263,18 +262,8 @@ def run_peer(data: Path, name: str, horizon: int, lookback: int, seed: int) -> d
     scaled, time_column, b = _scaled(data)
     frame = wide_to_long(scaled.iloc[: b.test_end], time_column=time_column)
     freq = pd.infer_freq(scaled[time_column].iloc[:3]) or "h"
-    max_steps = 1000
-    peer = getattr(neuralforecast.models, name)(
-        h=horizon,
-        input_size=lookback,
-        max_steps=max_steps,
-        scaler_type="robust",
-        random_seed=seed,
-        # Validation losses would only be logged (no early stopping by default): skip them.
-        val_check_steps=max_steps,
-        enable_progress_bar=False,
-        logger=False,
-    )
+    # Validation losses would only be logged (no early stopping by default): skip them.
+    peer = neuralforecast_model(name, horizon, lookback, seed, val_check_steps=MAX_STEPS)
     started = time.perf_counter()
     predicted = NeuralForecast(models=[peer], freq=freq).cross_validation(
         frame,

@@ -87,6 +87,7 @@ import pandas as pd
 import torch
 
 from benchmarks.overrides import add_set_option, overrides_of
+from benchmarks.peers import neuralforecast_model
 from forecaster import Forecaster, ModelConfig, TrainConfig
 from forecaster.baselines import SeasonalNaive
 from forecaster.data import quantile_column
@@ -445,25 +446,17 @@ def run_peers(
     frame = long_frame(split)
     try:
         from neuralforecast import NeuralForecast
-        from neuralforecast.models import NHITS, PatchTST
     except ImportError:
         print("peers: neuralforecast not installed (pip install -e '.[peers]')", file=sys.stderr)
     else:
         input_size = 7 * group.horizon
         # NeuralForecast refuses a series shorter than input_size unless it pads its start.
         pad = int(frame.groupby("unique_id").size().min()) < input_size
-        for name, model in (("NHITS", NHITS), ("PatchTST", PatchTST)):
+        for name in ("NHITS", "PatchTST"):
             if name not in names:
                 continue
-            peer = model(
-                h=group.horizon,
-                input_size=input_size,
-                max_steps=1000,
-                scaler_type="robust",
-                start_padding_enabled=pad,
-                random_seed=seed,
-                enable_progress_bar=False,
-                logger=False,
+            peer = neuralforecast_model(
+                name, group.horizon, input_size, seed, start_padding_enabled=pad
             )
             started = time.perf_counter()
             forecaster = NeuralForecast(models=[peer], freq=group.freq)

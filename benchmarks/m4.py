@@ -512,6 +512,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=list(GROUPS),
         help="the M4 group (any case); default: the --data file's name before its first '-'",
     )
+    parser.add_argument(
+        "--horizon",
+        type=int,
+        help="forecast this many steps instead of the group's (another competition's horizon); "
+        "OWA is then against Naive2 on the same split",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one run per seed")
     parser.add_argument(
         "--no-peers", action="store_true", help="skip the NeuralForecast and statsforecast peers"
@@ -559,6 +565,12 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.horizon is not None:
+        if args.horizon < 1:
+            print(f"error: --horizon {args.horizon}: expected 1 or more", file=sys.stderr)
+            return 2
+        # M4's published Naive2 figures and anchors are for its own horizon.
+        group = replace(group, horizon=args.horizon, naive2=None, anchors=())
     overrides = overrides_of(args)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
@@ -636,6 +648,7 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "data": args.data.name,
                     "group": group.name,
+                    "horizon": horizon,
                     "mode": mode,
                     "machine": machine,
                     "overrides": overrides,

@@ -4,6 +4,7 @@ for every M4 group."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -203,6 +204,29 @@ def test_a_file_naming_no_group_exits_2_naming_the_valid_ones(tmp_path, capsys):
         m4.main(["--data", str(data), "--group", "fortnightly"])
     assert exited.value.code == 2
     assert "Hourly" in capsys.readouterr().err
+
+
+def test_horizon_option_holds_out_and_forecasts_another_competitions_horizon(tmp_path, capsys):
+    # Tourism Monthly's horizon is 24, M4 Monthly's 18.
+    series = seasonal_series([120, 100, 90], m=12)
+    data = write_wide(tmp_path / "Tourism-Monthly-train.csv", series)
+    out = tmp_path / "m4.json"
+    args = ["--data", str(data), "--group", "Monthly", "--horizon", "24", "--no-peers"]
+    assert m4.main([*args, "--json", str(out), *sets("model.context_length=36", *QUICK)]) == 0
+    written = json.loads(out.read_text())
+    assert written["horizon"] == 24
+    assert written["owa_reference"]["source"] == "Naive2 on the same split"
+    split = m4.make_split(data, None, replace(MONTHLY, horizon=24))
+    np.testing.assert_array_equal(split.truth[0], series[0][-24:])
+    naive2_errors = m4.errors(split, m4.naive2(split))
+    assert (written["owa_reference"]["smape"], written["owa_reference"]["mase"]) == naive2_errors
+    assert np.isfinite(next(r for r in written["results"] if r["model"] == "ours (seed 0)")["owa"])
+    assert "3 series, horizon 24, scored on the holdout (last 24 points" in capsys.readouterr().out
+
+
+def test_horizon_option_below_one_exits_2(wide_csv, capsys):
+    assert m4.main(["--data", str(wide_csv), "--horizon", "0"]) == 2
+    assert capsys.readouterr().err == "error: --horizon 0: expected 1 or more\n"
 
 
 def test_daily_runs_end_to_end_against_naive2_on_the_same_split(daily_csvs, tmp_path, capsys):

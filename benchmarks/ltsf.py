@@ -218,6 +218,7 @@ def run_one(
         "train_losses": [round(e.train_loss, 5) for e in result.epochs],
         "val_losses": [None if e.val_loss is None else round(e.val_loss, 5) for e in result.epochs],
         "linear_start_ridge": result.linear_start_ridge,
+        "linear_start_prior": result.linear_start_prior,
         # The intervals' calibration factor and the band's coverage of the targets.
         "interval_scale": result.interval_scale,
         "val_band_coverage": val.get("band_coverage"),

@@ -391,6 +391,7 @@ def run_ours(split: Split, seed: int, overrides: dict) -> tuple[Forecaster, np.n
             "initial_val_loss": r.initial_val_loss,
             "best_val_loss": r.best_val_loss,
             "linear_start_ridge": r.linear_start_ridge,
+            "linear_start_prior": r.linear_start_prior,
             "interval_scale": r.interval_scale,
             "patch_length": forecaster.model_config.patch_length,
             "parameters": sum(p.numel() for p in forecaster.model.parameters()),

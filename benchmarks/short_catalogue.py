@@ -213,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             "initial_val_loss": result.initial_val_loss,
             "best_val_loss": result.best_val_loss,
             "linear_start_ridge": result.linear_start_ridge,
+            "linear_start_prior": result.linear_start_prior,
             "interval_scale": result.interval_scale,
             **_band_coverage(
                 series,

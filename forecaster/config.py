@@ -94,7 +94,9 @@ class ModelConfig:
     # Weight of the pinball loss on the quantile head relative to the point loss.
     quantile_loss_weight: float = 0.5
     # Start from a ridge-fitted linear map from the context to the horizon (DLinear's), which the
-    # decoder reads as its draft and corrects. Off: the Transformer forecasts alone.
+    # decoder reads as its draft and corrects. The ridge shrinks it towards the naive forecast
+    # cross-validation prefers: the context's mean, its last value or its last season (see
+    # forecaster.training.fit_linear_start). Off: the Transformer forecasts alone.
     linear_start: bool = True
     # Calendar features of `ds` fed to encoder and decoder tokens (names from
     # forecaster.time_axis.CALENDAR_FEATURES). Off by default: on validation data they let the

@@ -521,6 +521,7 @@ class Forecaster:
                 "best_val_loss": r.best_val_loss,
                 "initial_val_loss": r.initial_val_loss,
                 "linear_start_ridge": r.linear_start_ridge,
+                "linear_start_prior": r.linear_start_prior,
                 "seconds": r.seconds,
                 "device": r.device,
                 "epochs": len(r.epochs),

@@ -1,8 +1,9 @@
 """The training loop.
 
 1. The linear start is fitted in closed form (ridge regression on the normalised training
-   windows), its ridge strength chosen by blocked 5-fold cross-validation over time on the
-   training windows, never on the validation windows that later judge the Transformer.
+   windows), shrunk towards the context's mean, its last value or its last season, the prior
+   and the ridge strength chosen by blocked 5-fold cross-validation over time on the training
+   windows, never on the validation windows that later judge the Transformer.
 2. AdamW with warmup, nanoGPT's parameter groups (weight decay on weight matrices only) and the
    linear start in a group of its own at a fraction of the learning rate.
 3. After each epoch the validation loss decides: a better model is kept; on a plateau the best
@@ -104,8 +105,10 @@ class TrainResult:
     n_val_windows: int = 0
     # Validation loss of the model before gradient training (the linear start alone).
     initial_val_loss: float | None = None
-    # Ridge strength of the linear start, chosen by cross-validation; None without one.
+    # Ridge strength of the linear start and the map it is shrunk towards, chosen by
+    # cross-validation (see fit_linear_start); None without one.
     linear_start_ridge: float | None = None
+    linear_start_prior: str | None = None
     # Learning-rate factor of each epoch on the path to the kept weights (restored-away epochs
     # left out): TrainConfig(replay_lr_factors=...) retrains along the same path.
     kept_lr_factors: tuple[float, ...] = ()
@@ -178,16 +181,28 @@ def _setup_distributed(device: torch.device) -> tuple[_Distributed, torch.device
 # the linear start
 
 
+@dataclass(frozen=True)
+class LinearStartFit:
+    """What cross-validation chose for the linear start."""
+
+    ridge: float  # strength, a multiple of the number of windows (LINEAR_START_RIDGES)
+    prior: str  # the map it is shrunk towards, a key of `linear_start_priors`
+
+
 @torch.no_grad()
-def fit_linear_start(model: PatchTransformer, train: WindowSet, device: torch.device) -> float:
+def fit_linear_start(
+    model: PatchTransformer, train: WindowSet, device: torch.device
+) -> LinearStartFit:
     """Ridge-fit the linear start on normalised training windows; start the heads from it.
 
-    The ridge strength is the one of LINEAR_START_RIDGES with the lowest error under blocked
-    cross-validation: each series' windows are cut into LINEAR_START_FOLDS consecutive
-    stretches, and each stretch is predicted by the fit on the others. The error is the one
-    validation reads (the configured point loss in each series' units), so the ridge and the
-    epochs are judged alike. It is fitted on the windows with a full context when at least
-    half of the series have one, else on every window. Returns the ridge chosen.
+    The ridge shrinks the map towards a naive forecast (`linear_start_priors`): the context's
+    mean, its last value or its last season. The prior and the ridge strength (one of
+    LINEAR_START_RIDGES) are the pair with the lowest error under blocked cross-validation:
+    each series' windows are cut into LINEAR_START_FOLDS consecutive stretches, and each
+    stretch is predicted by the fit on the others. The error is the one validation reads (the
+    configured point loss in each series' units), so the fit and the epochs are judged alike.
+    It is fitted on the windows with a full context when at least half of the series have one,
+    else on every window.
     """
     mc = model.config
     assert model.linear_start is not None, "config.linear_start is off"
@@ -219,16 +234,24 @@ def fit_linear_start(model: PatchTransformer, train: WindowSet, device: torch.de
             parts.append(
                 (d, target[rows], observed[rows].double(), unit[rows], d.T @ d, d.T @ target[rows])
             )
-    best_error, ridge = math.inf, LINEAR_START_RIDGES[0]
-    for candidate in LINEAR_START_RIDGES if parts else ():
-        error = 0.0
-        for d, t, o, u, g, m in parts:
-            n = len(design) - len(d)
-            solution = torch.linalg.solve(gram - g + candidate * n * eye, moment - m)
-            error += float(point_loss((d @ solution - t) * u, o, mc.loss) * o.sum())
-        if error < best_error:
-            best_error, ridge = error, candidate
-    solution = torch.linalg.solve(gram + ridge * len(design) * eye, moment)  # (L + 1, H)
+    priors = linear_start_priors(mc.context_length, mc.prediction_length, mc.season_length or 1)
+    priors = {name: prior.to(device) for name, prior in priors.items()}
+    best_error, ridge, prior_name = math.inf, LINEAR_START_RIDGES[0], "mean"
+    for name, prior in priors.items() if parts else ():
+        for candidate in LINEAR_START_RIDGES:
+            error = 0.0
+            for d, t, o, u, g, m in parts:
+                n = len(design) - len(d)
+                solution = torch.linalg.solve(
+                    gram - g + candidate * n * eye, moment - m + candidate * n * prior
+                )
+                error += float(point_loss((d @ solution - t) * u, o, mc.loss) * o.sum())
+            if error < best_error:
+                best_error, ridge, prior_name = error, candidate, name
+    prior = priors[prior_name]
+    solution = torch.linalg.solve(
+        gram + ridge * len(design) * eye, moment + ridge * len(design) * prior
+    )  # (L + 1, H)
     model.linear_start.weight.copy_(solution[:-1].T)
     model.linear_start.bias.copy_(solution[-1])
     if model.quantile_head is not None:
@@ -240,7 +263,27 @@ def fit_linear_start(model: PatchTransformer, train: WindowSet, device: torch.de
         nn.init.zeros_(model.quantile_head.weight)
         # The head's outputs are laid out (P, Q), quantile fastest.
         model.quantile_head.bias.copy_(offsets.repeat(mc.patch))
-    return ridge
+    return LinearStartFit(ridge, prior_name)
+
+
+def linear_start_priors(
+    context_length: int, prediction_length: int, season_length: int
+) -> dict[str, torch.Tensor]:
+    """Maps (L + 1, H), the intercept last, that the ridge shrinks the linear start towards:
+    the context's mean (zero in normalised units), its last value, and its last season when the
+    data has one. A strong ridge towards the mean pulls a trending series back to its past
+    level; towards the last value it forecasts what the naive forecast does (M3 Yearly
+    holdout, linear start alone: OWA 1.42 against 0.92; README, Other competitions)."""
+    steps = torch.arange(prediction_length)
+    priors = {"mean": torch.zeros(context_length + 1, prediction_length, dtype=torch.float64)}
+    last = priors["mean"].clone()
+    last[context_length - 1] = 1.0
+    priors["last value"] = last
+    if 1 < season_length <= context_length:
+        seasonal = priors["mean"].clone()
+        seasonal[context_length - season_length + steps % season_length, steps] = 1.0
+        priors["last season"] = seasonal
+    return priors
 
 
 def _blocked_folds(series: np.ndarray, n_folds: int) -> np.ndarray:
@@ -399,10 +442,14 @@ def train_model(
     world, device = _setup_distributed(resolve_device(config.device))
     seed_everything(config.seed)
     model.to(device)
-    ridge = None
+    start = None
     if model.linear_start is not None and not warm_start:
-        ridge = fit_linear_start(model, train, device)
-        logger.info("linear start: ridge %g chosen by cross-validation", ridge)
+        start = fit_linear_start(model, train, device)
+        logger.info(
+            "linear start: ridge %g, shrunk towards the %s, chosen by cross-validation",
+            start.ridge,
+            start.prior,
+        )
     train_module: nn.Module = model
     if world.enabled:
         train_module = nn.parallel.DistributedDataParallel(
@@ -571,7 +618,8 @@ def train_model(
         n_train_windows=len(train.origins),
         n_val_windows=len(val_origins),
         initial_val_loss=initial,
-        linear_start_ridge=ridge,
+        linear_start_ridge=None if start is None else start.ridge,
+        linear_start_prior=None if start is None else start.prior,
         kept_lr_factors=tuple(path[:best_path]),
         interval_scale=interval_scale,
     )

@@ -40,6 +40,5 @@ def test_torch_compile_trains_and_predicts_like_eager(series):
     eager = _fit(series)
     compiled = _fit(series, compile=True)
     assert compiled.train_result.best_epoch == eager.train_result.best_epoch
-    np.testing.assert_allclose(
-        compiled.predict(series)["mean"], eager.predict(series)["mean"], rtol=1e-3, atol=1e-3
-    )
+    # Kernels fused in another order round differently, and training carries it along.
+    assert _relative_gap(compiled.predict(series), eager.predict(series), series) < 1e-3

@@ -9,7 +9,13 @@ from forecaster import ModelConfig, TrainConfig
 from forecaster.config import N_HISTORY_BANDS
 from forecaster.errors import InvalidConfigError
 from forecaster.model import PatchTransformer, fill_gaps, history_band
-from forecaster.training import LINEAR_START_RIDGES, WindowSet, fit_linear_start
+from forecaster.training import (
+    LINEAR_START_RIDGES,
+    LinearStartFit,
+    WindowSet,
+    fit_linear_start,
+    linear_start_priors,
+)
 from forecaster.windows import SeriesPanel, gather_windows, series_scales
 
 
@@ -166,13 +172,43 @@ def test_linear_start_is_the_least_squares_fit(tiny_config):
 
 
 def test_linear_start_ridge_is_chosen_by_cross_validation(tiny_config):
-    """When the future is unrelated to the past, cross-validation picks the most shrinkage."""
+    """When the future is unrelated to the past, cross-validation picks the most shrinkage,
+    towards the context's mean."""
     rng = np.random.default_rng(3)
     panel = _panel(rng.normal(size=(10, 400)))
     model = PatchTransformer(tiny_config).eval()
     origins = panel.window_origins(tiny_config.prediction_length)
-    ridge = fit_linear_start(model, WindowSet(panel, origins), torch.device("cpu"))
-    assert ridge == max(LINEAR_START_RIDGES)
+    fit = fit_linear_start(model, WindowSet(panel, origins), torch.device("cpu"))
+    assert fit == LinearStartFit(max(LINEAR_START_RIDGES), "mean")
+
+
+def test_linear_start_priors_are_the_naive_forecasts():
+    context = torch.arange(1.0, 13.0)  # L = 12
+    design = torch.cat([context, torch.ones(1)]).double()  # the intercept last
+    priors = linear_start_priors(12, 6, season_length=4)
+    assert list(priors) == ["mean", "last value", "last season"]
+    torch.testing.assert_close(design @ priors["mean"], torch.zeros(6, dtype=torch.float64))
+    torch.testing.assert_close(design @ priors["last value"], torch.full((6,), 12.0).double())
+    seasonal = torch.tensor([9.0, 10.0, 11.0, 12.0, 9.0, 10.0]).double()
+    torch.testing.assert_close(design @ priors["last season"], seasonal)
+    assert list(linear_start_priors(12, 6, season_length=1)) == ["mean", "last value"]
+
+
+@pytest.mark.parametrize(("season", "expected"), [(1, "last value"), (8, "last season")])
+def test_linear_start_is_shrunk_towards_the_naive_forecast_the_data_follows(
+    tiny_config, season, expected
+):
+    """Short noisy windows of random walks (seasonal ones: one walk per phase of the season)
+    want heavy shrinkage, and shrunk towards their mean they would revert to their past level:
+    cross-validation shrinks them towards the matching naive forecast instead."""
+    rng = np.random.default_rng(0)
+    steps = rng.normal(size=(12, 64 // season, season)).cumsum(axis=1).reshape(12, -1)
+    panel = _panel(50 + steps + rng.normal(0, 0.3, size=steps.shape))
+    config = ModelConfig(**{**tiny_config.__dict__, "season_length": season})
+    model = PatchTransformer(config).eval()
+    origins = panel.window_origins(config.prediction_length)
+    fit = fit_linear_start(model, WindowSet(panel, origins), torch.device("cpu"))
+    assert fit.prior == expected
 
 
 def test_linear_start_fits_the_short_series_when_most_series_are_short(tiny_config):
@@ -202,9 +238,10 @@ def test_linear_start_fits_the_short_series_when_most_series_are_short(tiny_conf
     assert error < 0.25  # amplitude 1; fitted on the noise series alone, the map is off by 0.58
 
 
-def _reference_ridge(config: ModelConfig, panel: SeriesPanel, origins: np.ndarray) -> float:
-    """The ridge of LINEAR_START_RIDGES with the lowest blocked 5-fold error, written out in
-    numpy: the configured point loss, counted in each series' units as validation counts it."""
+def _reference_fit(config: ModelConfig, panel: SeriesPanel, origins: np.ndarray) -> LinearStartFit:
+    """The ridge of LINEAR_START_RIDGES and the prior (the mean, zero in normalised units, or
+    the last value) with the lowest blocked 5-fold error, written out in numpy: the
+    configured point loss, counted in each series' units as validation counts it."""
     model = PatchTransformer(config)
     batch = gather_windows(panel, origins, config.context_length, config.prediction_length)
     x, stats = model.scaler(batch.past_values, batch.past_observed_mask, torch.float64)
@@ -217,16 +254,22 @@ def _reference_ridge(config: ModelConfig, panel: SeriesPanel, origins: np.ndarra
     for s in np.unique(series):
         rows = np.flatnonzero(series == s)
         fold[rows] = np.arange(len(rows)) * 5 // len(rows)
-    errors = []
-    for ridge in LINEAR_START_RIDGES:
-        error = 0.0
-        for k in range(5):
-            a, b = design[fold != k], target[fold != k]
-            weights = np.linalg.solve(a.T @ a + ridge * len(a) * np.eye(a.shape[1]), a.T @ b)
-            residual = (design[fold == k] @ weights - target[fold == k]) * unit[fold == k]
-            error += (np.abs(residual) if config.loss == "mae" else residual**2).sum()
-        errors.append(error)
-    return LINEAR_START_RIDGES[int(np.argmin(errors))]
+    last_value = np.zeros((design.shape[1], config.prediction_length))
+    last_value[config.context_length - 1] = 1.0
+    errors = {}
+    for prior_name, prior in (("mean", 0.0 * last_value), ("last value", last_value)):
+        for ridge in LINEAR_START_RIDGES:
+            error = 0.0
+            for k in range(5):
+                a, b = design[fold != k], target[fold != k]
+                shrink = ridge * len(a)
+                weights = np.linalg.solve(
+                    a.T @ a + shrink * np.eye(a.shape[1]), a.T @ b + shrink * prior
+                )
+                residual = (design[fold == k] @ weights - target[fold == k]) * unit[fold == k]
+                error += (np.abs(residual) if config.loss == "mae" else residual**2).sum()
+            errors[LinearStartFit(ridge, prior_name)] = error
+    return min(errors, key=errors.get)
 
 
 @pytest.mark.parametrize(("loss", "expected"), [("mae", 3.0), ("mse", 1.0)])
@@ -241,10 +284,8 @@ def test_linear_start_ridge_is_judged_by_the_validation_loss(tiny_config, loss, 
     panel = _panel(values)
     config = ModelConfig(**{**tiny_config.__dict__, "loss": loss})
     origins = panel.window_origins(config.prediction_length, min_context=config.context_length)
-    ridge = fit_linear_start(
-        PatchTransformer(config), WindowSet(panel, origins), torch.device("cpu")
-    )
-    assert ridge == _reference_ridge(config, panel, origins) == expected
+    fit = fit_linear_start(PatchTransformer(config), WindowSet(panel, origins), torch.device("cpu"))
+    assert fit == _reference_fit(config, panel, origins) == LinearStartFit(expected, "mean")
 
 
 @pytest.mark.parametrize(

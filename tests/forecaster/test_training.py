@@ -216,10 +216,14 @@ def test_fit_trains_the_kept_weights_on_the_held_out_tail_too(series):
     assert kept_head.weight.requires_grad  # frozen for the tail epochs only
 
 
-def test_a_kept_linear_start_gets_no_tail_epochs(fitted):
-    """Validation kept the linear start alone (no epoch beat it): nothing trains unjudged."""
-    assert fitted.train_result.kept_lr_factors == ()
-    assert fitted.train_result.tail is None
+def test_a_kept_linear_start_gets_no_tail_epochs(series):
+    """Validation kept the linear start alone (no epoch beat it; here the learning rate is far
+    too high): nothing trains unjudged."""
+    train = TrainConfig(**{**TINY_TRAIN, "learning_rate": 10.0})
+    model = Forecaster(ModelConfig(**TINY_MODEL), train).fit(series)
+    assert model.train_result.best_epoch == 0
+    assert model.train_result.kept_lr_factors == ()
+    assert model.train_result.tail is None
 
 
 @pytest.mark.parametrize("warm_start", [True, False])

@@ -95,7 +95,8 @@ class ModelConfig:
     quantile_loss_weight: float = 0.5
     # Start from a ridge-fitted linear map from the context to the horizon (DLinear's), which the
     # decoder reads as its draft and corrects. The ridge shrinks it towards the naive forecast
-    # cross-validation prefers: the context's mean, its last value or its last season (see
+    # cross-validation prefers: the context's mean, its last value, its last season or its
+    # last value with drift (see
     # forecaster.training.fit_linear_start). Off: the Transformer forecasts alone.
     linear_start: bool = True
     # Calendar features of `ds` fed to encoder and decoder tokens (names from

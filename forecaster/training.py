@@ -1,9 +1,10 @@
 """The training loop.
 
 1. The linear start is fitted in closed form (ridge regression on the normalised training
-   windows), shrunk towards the context's mean, its last value or its last season, the prior
-   and the ridge strength chosen by blocked 5-fold cross-validation over time on the training
-   windows, never on the validation windows that later judge the Transformer.
+   windows), shrunk towards a naive forecast (the context's mean, its last value, its last
+   season or its last value with drift), the prior and the ridge strength chosen by blocked
+   5-fold cross-validation over time on the training windows, never on the validation windows
+   that later judge the Transformer.
 2. AdamW with warmup, nanoGPT's parameter groups (weight decay on weight matrices only) and the
    linear start in a group of its own at a fraction of the learning rate.
 3. After each epoch the validation loss decides: a better model is kept; on a plateau the best
@@ -64,6 +65,9 @@ LINEAR_START_WINDOWS = 50_000
 # strongest ones leave little but the prior, a naive forecast: on short noisy series that is
 # what cross-validation wants (M1 Yearly chose 100; with 10 the largest, the mean prior won).
 LINEAR_START_RIDGES = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1e3)
+# The drift prior's slope is read over this many horizons: long enough to average out noise,
+# short enough to follow a trend that changes (2 and 8 were tried: docs/model-choices.md).
+DRIFT_HORIZONS = 4
 # Blocked cross-validation folds (consecutive stretches of each series' windows).
 LINEAR_START_FOLDS = 5
 # Factors tried for the width of the intervals: 0.5 to 8 in steps of 2 ** (1 / 14), about 5 %.
@@ -198,13 +202,13 @@ def fit_linear_start(
     """Ridge-fit the linear start on normalised training windows; start the heads from it.
 
     The ridge shrinks the map towards a naive forecast (`linear_start_priors`): the context's
-    mean, its last value or its last season. The prior and the ridge strength (one of
-    LINEAR_START_RIDGES) are the pair with the lowest error under blocked cross-validation:
-    each series' windows are cut into LINEAR_START_FOLDS consecutive stretches, and each
-    stretch is predicted by the fit on the others. The error is the one validation reads (the
-    configured point loss in each series' units), so the fit and the epochs are judged alike.
-    It is fitted on the windows with a full context when at least half of the series have one,
-    else on every window.
+    mean, its last value, its last season or its last value with drift. The prior and the
+    ridge strength (one of LINEAR_START_RIDGES) are the pair with the lowest error under
+    blocked cross-validation: each series' windows are cut into LINEAR_START_FOLDS consecutive
+    stretches, and each stretch is predicted by the fit on the others. The error is the one
+    validation reads (the configured point loss in each series' units), so the fit and the
+    epochs are judged alike. It is fitted on the windows with a full context when at least half
+    of the series have one, else on every window.
     """
     mc = model.config
     assert model.linear_start is not None, "config.linear_start is off"
@@ -272,10 +276,15 @@ def linear_start_priors(
     context_length: int, prediction_length: int, season_length: int
 ) -> dict[str, torch.Tensor]:
     """Maps (L + 1, H), the intercept last, that the ridge shrinks the linear start towards:
-    the context's mean (zero in normalised units), its last value, and its last season when the
-    data has one. A strong ridge towards the mean pulls a trending series back to its past
-    level; towards the last value it forecasts what the naive forecast does (M3 Yearly
-    holdout, linear start alone: OWA 1.42 against 0.92; README, Other competitions)."""
+    the simple benchmark forecasts (Hyndman and Athanasopoulos, FPP3 5.2). The context's mean
+    (zero in normalised units), its last value, its last season when the data has one, and its
+    last value with drift, the mean step over the last DRIFT_HORIZONS horizons (whole seasons,
+    so that a season's swing is not read as a trend) when the context holds them.
+
+    A strong ridge towards the mean pulls a trending series back to its past level; towards the
+    last value it forecasts what the naive forecast does (M3 Yearly holdout, linear start
+    alone: OWA 1.42 against 0.92), and with drift it follows the trend (0.911; M1 Yearly 0.850
+    against 0.778; README, Other competitions)."""
     steps = torch.arange(prediction_length)
     priors = {"mean": torch.zeros(context_length + 1, prediction_length, dtype=torch.float64)}
     last = priors["mean"].clone()
@@ -285,6 +294,13 @@ def linear_start_priors(
         seasonal = priors["mean"].clone()
         seasonal[context_length - season_length + steps % season_length, steps] = 1.0
         priors["last season"] = seasonal
+    span = -(-DRIFT_HORIZONS * prediction_length // season_length) * season_length
+    if span < context_length:
+        drift = last.clone()  # x[L-1] + (h + 1) * (x[L-1] - x[L-1-span]) / span
+        slope = (steps + 1).double() / span  # (H,) steps ahead per step of the span
+        drift[context_length - 1] += slope
+        drift[context_length - 1 - span] -= slope
+        priors[f"drift over {span} steps"] = drift
     return priors
 
 

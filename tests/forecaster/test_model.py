@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from forecaster import ModelConfig, TrainConfig
+from forecaster import ModelConfig, TrainConfig, training
 from forecaster.config import N_HISTORY_BANDS
 from forecaster.errors import InvalidConfigError
 from forecaster.model import PatchTransformer, fill_gaps, history_band
@@ -192,6 +192,12 @@ def test_linear_start_priors_are_the_naive_forecasts():
     seasonal = torch.tensor([9.0, 10.0, 11.0, 12.0, 9.0, 10.0]).double()
     torch.testing.assert_close(design @ priors["last season"], seasonal)
     assert list(linear_start_priors(12, 6, season_length=1)) == ["mean", "last value"]
+    # Two steps ahead, the slope read over DRIFT_HORIZONS = 4 horizons: 8 steps, 4 -> 12.
+    priors = linear_start_priors(12, 2, season_length=1)
+    assert list(priors) == ["mean", "last value", "drift over 8 steps"]
+    torch.testing.assert_close(
+        design @ priors["drift over 8 steps"], torch.tensor([13.0, 14.0]).double()
+    )
 
 
 @pytest.mark.parametrize(("season", "expected"), [(1, "last value"), (8, "last season")])
@@ -200,15 +206,52 @@ def test_linear_start_is_shrunk_towards_the_naive_forecast_the_data_follows(
 ):
     """Short noisy windows of random walks (seasonal ones: one walk per phase of the season)
     want heavy shrinkage, and shrunk towards their mean they would revert to their past level:
-    cross-validation shrinks them towards the matching naive forecast instead."""
+    cross-validation shrinks them towards the matching naive forecast instead, and not
+    towards the drift, which these walks do not have."""
     rng = np.random.default_rng(0)
     steps = rng.normal(size=(12, 64 // season, season)).cumsum(axis=1).reshape(12, -1)
     panel = _panel(50 + steps + rng.normal(0, 0.3, size=steps.shape))
-    config = ModelConfig(**{**tiny_config.__dict__, "season_length": season})
+    # H = 4, so that the drift's span (four horizons) fits in the context and is a candidate.
+    config = ModelConfig(
+        **{**tiny_config.__dict__, "season_length": season, "prediction_length": 4}
+    )
     model = PatchTransformer(config).eval()
     origins = panel.window_origins(config.prediction_length)
     fit = fit_linear_start(model, WindowSet(panel, origins), torch.device("cpu"))
     assert fit.prior == expected
+
+
+def _trends(rng: np.random.Generator, n_series: int, length: int = 24) -> np.ndarray:
+    """Short noisy series, each on a straight trend of its own (up or down) plus a slow walk."""
+    slopes = rng.choice([-1.0, 1.0], size=(n_series, 1)) * rng.uniform(0.5, 1.5, (n_series, 1))
+    walk = rng.normal(0, 0.3, size=(n_series, length)).cumsum(axis=1)
+    noise = rng.normal(0, 1.0, size=(n_series, length))
+    return 50 + slopes * np.arange(length) + walk + noise
+
+
+def test_linear_start_follows_the_drift_of_short_trending_series(tiny_config, monkeypatch):
+    """A few short trending series (shorter than the context, like yearly data) want heavy
+    shrinkage; shrunk towards the last value, the map forecasts fresh series of the same kind
+    a third worse than when cross-validation may shrink it towards the last value with drift."""
+    config = ModelConfig(**{**tiny_config.__dict__, "season_length": 1, "prediction_length": 4})
+    rng = np.random.default_rng(0)
+    train, fresh = _panel(_trends(rng, 8)), _panel(_trends(rng, 200))
+    batch = gather_windows(fresh, fresh.offsets[1:] - 4, config.context_length, 4)
+
+    def fit_and_score() -> tuple[LinearStartFit, float]:
+        model = PatchTransformer(config).eval()
+        windows = WindowSet(train, train.window_origins(4))
+        fit = fit_linear_start(model, windows, torch.device("cpu"))
+        with torch.no_grad():
+            output, _ = model(batch.past_values, batch.past_observed_mask)
+        return fit, float((output.denormalize().mean - batch.future_values).abs().mean())
+
+    fit, error = fit_and_score()
+    assert fit.prior == "drift over 16 steps" and fit.ridge >= 10
+    monkeypatch.setattr(training, "DRIFT_HORIZONS", 100)  # no drift prior: its span > L
+    fit_without, error_without = fit_and_score()
+    assert fit_without.prior == "last value"
+    assert error < 0.8 * error_without
 
 
 def test_linear_start_can_shrink_all_the_way_to_the_naive_forecast(tiny_config):

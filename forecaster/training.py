@@ -66,7 +66,7 @@ LINEAR_START_WINDOWS = 50_000
 # what cross-validation wants (M1 Yearly chose 100; with 10 the largest, the mean prior won).
 LINEAR_START_RIDGES = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1e3)
 # The drift prior's slope is read over this many horizons: long enough to average out noise,
-# short enough to follow a trend that changes (2 and 8 were tried: docs/model-choices.md).
+# short enough to follow a trend that changes (1, 2 and 8 were tried: docs/model-choices.md).
 DRIFT_HORIZONS = 4
 # Blocked cross-validation folds (consecutive stretches of each series' windows).
 LINEAR_START_FOLDS = 5

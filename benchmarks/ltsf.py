@@ -12,7 +12,7 @@ Protocol of the long-term forecasting literature (Informer, Autoformer, PatchTST
 `--peers` runs NeuralForecast's PatchTST, NHITS and DLinear on the same split (the `peers`
 extra, in its own environment: `.venv-peers/bin/python -m benchmarks.ltsf ... --peers NHITS
 DLinear --no-ours`): trained on the training rows alone, every test window scored on the same
-scaled data. PatchTST with its defaults takes hours per horizon on a 2-core CPU.
+scaled data. PatchTST with its defaults takes about 75 minutes per horizon on one CPU thread.
 
 Data credit: ETT dataset (Zhou et al., Informer, AAAI 2021), CC BY-ND 4.0, read from
 `../shared/data/`; no copy is kept in this repository.

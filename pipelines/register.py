@@ -35,26 +35,20 @@ PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")
 _REQUIREMENTS = ("mlflow", "torch", "numpy", "pandas", "safetensors")
 
 
+def _git(root: Path, *args: str) -> str:
+    """Standard output of `git args` in `root`; raises when git is missing or fails."""
+    done = subprocess.run(
+        ["git", *args], cwd=root, capture_output=True, text=True, timeout=5, check=True
+    )
+    return done.stdout.strip()
+
+
 def code_version() -> str:
     """The git commit of the working tree when there is one, else the package version."""
     root = Path(__file__).resolve().parent.parent
     try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
+        sha = _git(root, "rev-parse", "--short=12", "HEAD")
+        dirty = _git(root, "status", "--porcelain", "--untracked-files=no")
         if sha:
             return f"git:{sha}{'-dirty' if dirty else ''}"
     except (OSError, subprocess.SubprocessError):

@@ -283,8 +283,8 @@ def linear_start_priors(
 
     A strong ridge towards the mean pulls a trending series back to its past level; towards the
     last value it forecasts what the naive forecast does (M3 Yearly holdout, linear start
-    alone: OWA 1.42 against 0.92), and with drift it follows the trend (0.911; M1 Yearly 0.850
-    against 0.778; README, Other competitions)."""
+    alone: OWA 1.42 against 0.92), and with drift it follows the trend (0.911; M1 Yearly 0.778
+    against 0.850 without it; README, Other competitions)."""
     steps = torch.arange(prediction_length)
     priors = {"mean": torch.zeros(context_length + 1, prediction_length, dtype=torch.float64)}
     last = priors["mean"].clone()

@@ -50,8 +50,9 @@ class ModelConfig:
     # H: steps the model forecasts in one pass; shorter horizons are truncations of it.
     prediction_length: int = 96
     # P: steps per token, for the context patches and the horizon patches alike. Tokens do not
-    # overlap and the last context token ends at the forecast origin. None: the data's main
-    # seasonal period (24 for hourly data, 7 for daily...; see `patch_length_for`), set by fit.
+    # overlap and the last context token ends at the forecast origin. None: whole cycles of the
+    # data's main seasonal period, at least 8 steps (24 for hourly data, 12 for monthly, 14 for
+    # daily...; see `patch_length_for`), set by fit.
     patch_length: int | None = None
     # Steps per seasonal cycle of the data (24 for hourly data, 52 for weekly...; see
     # `forecaster.time_axis.season_length`). The linear start reads a missing step as the same

@@ -538,22 +538,27 @@ def season_length(freq: str) -> int:
     return 1
 
 
-# Bounds on steps per token: shorter patches make too many tokens for a long context, longer ones
-# too few for a short series.
-_MIN_PATCH, _MAX_PATCH, _DEFAULT_PATCH = 4, 48, 16
+# Bounds on steps per token. A cycle shorter than _MIN_CYCLE is no season worth aligning to. A
+# cycle shorter than _MIN_PATCH is grouped into whole cycles: quarterly data in tokens of one
+# quarter made 84 tokens of a 336-step context and trained twice as long as tokens of two
+# quarters, to a worse validation loss on three quarterly competitions (docs/model-choices.md). Longer patches than _MAX_PATCH make too few
+# tokens for a short series.
+_MIN_CYCLE, _MIN_PATCH, _MAX_PATCH, _DEFAULT_PATCH = 4, 8, 48, 16
 
 
 def patch_length_for(freq: str | None) -> int:
-    """Steps per model token for data of `freq`: its main seasonal period, so that each token
-    is one cycle (24 for hourly, 7 for daily, 12 for monthly data).
+    """Steps per model token for data of `freq`: whole cycles of its main seasonal period, so
+    that tokens line up with the cycle (24 for hourly, 12 for monthly data).
 
-    A period above 48 steps uses its largest divisor up to 48 (quarter-hourly 96 -> 48, weekly
-    52 -> 26); data with no cycle of at least 4 steps uses 16 (PatchTST's patch).
+    A period under 8 steps is grouped into the fewest whole cycles of at least 8 steps
+    (quarterly 4 -> 8, daily 7 -> 14); a period above 48 steps uses its largest divisor up to
+    48 (quarter-hourly 96 -> 48, weekly 52 -> 26); data with no cycle of at least 4 steps uses
+    16 (PatchTST's patch).
     """
     m = season_length(freq) if freq is not None else 1
-    if m < _MIN_PATCH:
+    if m < _MIN_CYCLE:
         return _DEFAULT_PATCH
     if m <= _MAX_PATCH:
-        return m
+        return m * -(-_MIN_PATCH // m)  # ceil(_MIN_PATCH / m) whole cycles
     divisor = max(d for d in range(1, _MAX_PATCH + 1) if m % d == 0)
-    return divisor if divisor >= _MIN_PATCH else _DEFAULT_PATCH
+    return divisor if divisor >= _MIN_CYCLE else _DEFAULT_PATCH

@@ -15,6 +15,7 @@ from forecaster.time_axis import (
     on_wall_clock,
     parse_freq,
     parse_timestamps,
+    patch_length_for,
     read_datetimes,
     regular_range,
     season_length,
@@ -70,6 +71,29 @@ def test_calendar_features_accept_series_and_arrays():
 )
 def test_season_length(freq, expected):
     assert season_length(freq) == expected
+
+
+@pytest.mark.parametrize(
+    ("freq", "expected"),
+    [
+        ("h", 24),  # one day a token
+        ("MS", 12),  # one year
+        ("QS", 8),  # two years: tokens of one quarter cost twice as much
+        ("D", 14),  # two weeks
+        ("B", 10),
+        ("4h", 12),  # a daily cycle of 6 steps, twice
+        ("15min", 48),  # half a day: the largest divisor of 96 up to 48
+        ("W", 26),  # half a year of 52 weeks
+        ("YS", 16),  # no cycle: PatchTST's patch
+        (None, 16),
+    ],
+)
+def test_patch_length_is_whole_cycles_of_at_least_8_steps(freq, expected):
+    patch = patch_length_for(freq)
+    assert patch == expected
+    season = season_length(freq) if freq else 1
+    if 4 <= season <= 48:
+        assert patch % season == 0  # tokens stay aligned with the cycle
 
 
 def _after(last: str, freq: str, horizon: int) -> list[pd.Timestamp]:

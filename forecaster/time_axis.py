@@ -542,8 +542,8 @@ def season_length(freq: str) -> int:
 # cycle shorter than _MIN_PATCH is grouped into whole cycles: quarterly data in tokens of one
 # quarter made 84 tokens of a 336-step context and trained twice as long as tokens of two
 # quarters, to a validation loss 1 % worse on average over three quarterly competitions
-# (docs/model-choices.md). Longer patches than _MAX_PATCH make too few
-# tokens for a short series.
+# (docs/model-choices.md). Longer patches than _MAX_PATCH make too few tokens for a short
+# series.
 _MIN_CYCLE, _MIN_PATCH, _MAX_PATCH, _DEFAULT_PATCH = 4, 8, 48, 16
 
 

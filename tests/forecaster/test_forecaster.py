@@ -334,6 +334,27 @@ def test_fit_trains_on_short_series_and_refuses_only_when_none_is_long_enough(se
         model.fit(series.groupby("unique_id").head(8))
 
 
+def test_catalogue_too_short_to_hold_out_a_horizon_validates_on_held_out_series(series):
+    """Series of 12 points cannot spare a horizon (8) and keep a training window (9 points):
+    every seventh series is held out whole to judge the epochs, not the training loss."""
+    catalogue = pd.concat(
+        [
+            series.groupby("unique_id")
+            .head(12)
+            .assign(unique_id=lambda f, k=k: f"{k}-" + f["unique_id"])
+            for k in range(4)
+        ],
+        ignore_index=True,
+    )  # 16 series
+    model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN)).fit(catalogue)
+    result = model.train_result
+    assert result.initial_val_loss is not None and result.best_val_loss is not None
+    # Series 0, 7 and 14 validate, each with its 4 windows; the other 13 train.
+    assert (result.n_val_windows, result.n_train_windows) == (3 * 4, 13 * 4)
+    forecast = model.predict(catalogue)
+    assert forecast["unique_id"].nunique() == 16 and np.isfinite(forecast["mean"]).all()
+
+
 def test_known_future_covariate_is_required_and_used():
     data = generate_synthetic(n_series=3, n_steps=24 * 10, seed=1, with_covariates=True)
     history = data.groupby("unique_id").head(24 * 9)

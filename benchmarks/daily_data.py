@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.competition_data import wide_frame
+from benchmarks.m4 import read_wide
 
 
 def etth1_daily(path: Path) -> pd.DataFrame:
@@ -43,15 +44,12 @@ def etth1_daily(path: Path) -> pd.DataFrame:
 def m4_hourly_as_daily(path: Path) -> pd.DataFrame:
     """Each M4 Hourly series as daily means of its whole days (the first, partial day dropped,
     as M4 gives no timestamps: a day is 24 steps counted back from the series' end)."""
-    frame = pd.read_csv(path)
-    ids = frame.iloc[:, 0].astype(str).tolist()
-    values = frame.iloc[:, 1:].to_numpy(dtype=np.float64)
     days = []
-    for row in values:
-        hours = row[~np.isnan(row)]
+    hourly = read_wide(path)
+    for hours in hourly.values():
         hours = hours[len(hours) % 24 :]
         days.append(hours.reshape(-1, 24).mean(axis=1))  # (n_days * 24,) -> (n_days,)
-    return wide_frame(ids, days)
+    return wide_frame(list(hourly), days)
 
 
 def synthetic_daily(n_series: int = 1000, seed: int = 123) -> pd.DataFrame:

@@ -581,6 +581,12 @@ class Forecaster:
         state["interval_scale"] = (
             scale.expand(N_HISTORY_BANDS).clone() if scale.dim() == 0 else scale
         )
+        # One saved before the naive head existed forecast with the draft alone: a head whose
+        # softmax puts all weight on the draft (exp(-1e4) is 0 in every float type).
+        if model.naive_head is not None and "naive_head.weight" not in state:
+            state["naive_head.weight"] = torch.zeros_like(model.naive_head.weight)
+            state["naive_head.bias"] = torch.full_like(model.naive_head.bias, -1e4)
+            state["naive_head.bias"][0] = 0.0
         model.load_state_dict(state)
         forecaster.model = model.to(forecaster.device).eval()
         reference_file = path / REFERENCE_FILE

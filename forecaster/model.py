@@ -4,7 +4,10 @@
     x --fill gaps (seasonal)--> --linear start--> draft (B, H)
     x, mask --left-pad to N * P, patch--> (B, N, 2P) --embed (+covariates, +position)--> Encoder
     draft --patch--> (B, M, P) --embed (+query, +covariates, +position)--> Decoder(causal self-attn,
-        cross-attn to the encoder) --point head--> correction (B, H); mean = draft + correction
+        cross-attn to the encoder) --point head--> correction (B, H)
+                                   --naive head--> softmax weights w (B, M, 1 + K) on the draft
+                                                   and K naive forecasts
+    mean = sum_k w_k * [draft, naive_1..K]_k + correction
 
 Design, measured on validation windows (README, design section):
 - a token is one seasonal cycle of P steps (24 for hourly data), tokens do not overlap and the
@@ -15,6 +18,12 @@ Design, measured on validation windows (README, design section):
   cross-attention the context patches, and it outputs a correction of its draft. The linear
   start is ridge-fitted before training and the correction head starts at zero, so training
   begins at the best linear forecast (DLinear's) and keeps it unless validation says otherwise;
+- the linear start is one map for every series; the naive head lets each horizon token blend
+  its draft with the simple benchmark forecasts of its own context (the mean, the last value,
+  the last season, the drift: `naive_forecast_maps`), so the decoder picks per series what one
+  shared map cannot (a random walk's last value, a cycle's last season). The blend is convex,
+  so it never extrapolates beyond them (unbounded weights did on M3 Other's declining
+  series), and it starts on the draft (NAIVE_START_LOGIT);
 - one normalisation, the mask-aware InstanceScaler: padding and missing steps are invisible.
 """
 
@@ -30,6 +39,14 @@ from forecaster.config import HISTORY_EDGES, N_HISTORY_BANDS, ModelConfig
 from forecaster.layers import Decoder, Encoder, sinusoidal_positional_encoding
 from forecaster.outputs import ModelOutput
 from forecaster.scaling import InstanceScaler, InstanceStats
+
+# The drift forecast's slope is read over this many horizons: long enough to average out noise,
+# short enough to follow a trend that changes (1, 2 and 8 were tried: docs/model-choices.md).
+DRIFT_HORIZONS = 4
+# The naive head's initial logit of each naive forecast against the draft's 0: the blend starts
+# within 0.05 % of the draft per naive forecast (e ** -8), so training begins at the linear
+# start, yet AdamW, which normalises gradients, moves the logits at its usual pace.
+NAIVE_START_LOGIT = -8.0
 
 
 @dataclass
@@ -81,6 +98,39 @@ def fill_gaps(x: torch.Tensor, observed: torch.Tensor, season: int = 1) -> torch
     return filled.reshape(batch, -1)[:, pad:]  # (B, C * S) -> (B, L)
 
 
+def naive_forecast_maps(
+    context_length: int, prediction_length: int, season_length: int
+) -> dict[str, torch.Tensor]:
+    """The simple benchmark forecasts (Hyndman and Athanasopoulos, FPP3 5.2) as maps (L + 1, H)
+    from the gap-filled normalised context, intercept last: what the ridge shrinks the linear
+    start towards, and what the naive head moves the draft towards. The context's mean
+    (zero in normalised units), its last value, its last season when the data has one, and its
+    last value with drift, the mean step over the last DRIFT_HORIZONS horizons (whole seasons,
+    so that a season's swing is not read as a trend) when the context holds them.
+
+    A strong ridge towards the mean pulls a trending series back to its past level; towards the
+    last value it forecasts what the naive forecast does (M3 Yearly holdout, linear start
+    alone: OWA 1.42 against 0.92), and with drift it follows the trend (0.911; M1 Yearly 0.778
+    against 0.850 without it; README, Other competitions)."""
+    steps = torch.arange(prediction_length)
+    maps = {"mean": torch.zeros(context_length + 1, prediction_length, dtype=torch.float64)}
+    last = maps["mean"].clone()
+    last[context_length - 1] = 1.0
+    maps["last value"] = last
+    if 1 < season_length <= context_length:
+        seasonal = maps["mean"].clone()
+        seasonal[context_length - season_length + steps % season_length, steps] = 1.0
+        maps["last season"] = seasonal
+    span = -(-DRIFT_HORIZONS * prediction_length // season_length) * season_length
+    if span < context_length:
+        drift = last.clone()  # x[L-1] + (h + 1) * (x[L-1] - x[L-1-span]) / span
+        slope = (steps + 1).double() / span  # (H,) steps ahead per step of the span
+        drift[context_length - 1] += slope
+        drift[context_length - 1 - span] -= slope
+        maps[f"drift over {span} steps"] = drift
+    return maps
+
+
 def history_band(past_observed_mask: torch.Tensor) -> torch.Tensor:
     """(B, L) bool -> (B,) int64: the band of HISTORY_EDGES of each row's history, 0 when it
     has observed at most L/32 steps since its first observation (or none), N_HISTORY_BANDS - 1
@@ -126,6 +176,18 @@ class PatchTransformer(nn.Module):
         self.linear_start = (
             nn.Linear(c.context_length, c.prediction_length) if c.linear_start else None
         )
+        self.naive_head = None
+        if self.linear_start is not None and c.naive_head:
+            maps = naive_forecast_maps(c.context_length, c.prediction_length, c.season_length or 1)
+            # (K, L + 1, H), rebuilt from the config: not saved with the weights.
+            self.register_buffer(
+                "naive_maps", torch.stack(list(maps.values())).float(), persistent=False
+            )
+            # Per horizon token, logits of the draft (first) and of each naive forecast.
+            self.naive_head = nn.Linear(d, 1 + len(maps))
+            nn.init.zeros_(self.naive_head.weight)
+            with torch.no_grad():
+                self.naive_head.bias.fill_(NAIVE_START_LOGIT)[0] = 0.0
         n_q = len(c.quantiles)
         self.quantile_head = nn.Linear(d, p * n_q) if n_q else None
         # Widens (> 1) or narrows the quantiles' offsets from the point forecast, one factor
@@ -186,7 +248,8 @@ class PatchTransformer(nn.Module):
         observed = past_observed_mask.to(dtype)
 
         if self.linear_start is not None:
-            draft = self.linear_start(self.linear_start_input(x, past_observed_mask))  # (B, H)
+            filled = self.linear_start_input(x, past_observed_mask)  # (B, L)
+            draft = self.linear_start(filled)  # (B, H)
         else:
             draft = x.new_zeros(batch, c.prediction_length)
 
@@ -218,6 +281,14 @@ class PatchTransformer(nn.Module):
         # (B, M, P) -> (B, M * P) -> (B, H)
         correction = self.point_head(decoded.hidden).reshape(batch, -1)[:, :h]
         mean = draft + correction
+        if self.naive_head is not None:
+            maps = self.naive_maps.to(filled.dtype)
+            naive = torch.einsum("bl,klh->bkh", filled, maps[:, :-1]) + maps[:, -1]  # (B, K, H)
+            candidates = torch.cat([draft.unsqueeze(1), naive], dim=1)  # (B, 1 + K, H)
+            weights = self.naive_head(decoded.hidden).softmax(dim=-1)  # (B, M, 1 + K)
+            # (B, M, 1 + K) -> (B, M * P, 1 + K) -> (B, H, 1 + K): one weight per token
+            weights = weights.repeat_interleave(c.patch, dim=1)[:, :h]
+            mean = correction + torch.einsum("bhk,bkh->bh", weights, candidates)
         quantiles = None
         if self.quantile_head is not None:
             # The intervals are offsets around the point forecast, read from the decoder's

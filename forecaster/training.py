@@ -44,6 +44,7 @@ from forecaster.model import (
     NormalizedOutput,
     PatchTransformer,
     history_band,
+    naive_forecast_maps,
     pinball_loss,
     point_loss,
 )
@@ -65,9 +66,6 @@ LINEAR_START_WINDOWS = 50_000
 # strongest ones leave little but the prior, a naive forecast: on short noisy series that is
 # what cross-validation wants (M1 Yearly chose 100; with 10 the largest, the mean prior won).
 LINEAR_START_RIDGES = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1e3)
-# The drift prior's slope is read over this many horizons: long enough to average out noise,
-# short enough to follow a trend that changes (1, 2 and 8 were tried: docs/model-choices.md).
-DRIFT_HORIZONS = 4
 # Blocked cross-validation folds (consecutive stretches of each series' windows).
 LINEAR_START_FOLDS = 5
 # Factors tried for the width of the intervals: 0.5 to 8 in steps of 2 ** (1 / 14), about 5 %.
@@ -192,7 +190,7 @@ class LinearStartFit:
     """What cross-validation chose for the linear start."""
 
     ridge: float  # strength, a multiple of the number of windows (LINEAR_START_RIDGES)
-    prior: str  # the map it is shrunk towards, a key of `linear_start_priors`
+    prior: str  # the map it is shrunk towards, a key of `naive_forecast_maps`
 
 
 @torch.no_grad()
@@ -201,8 +199,8 @@ def fit_linear_start(
 ) -> LinearStartFit:
     """Ridge-fit the linear start on normalised training windows; start the heads from it.
 
-    The ridge shrinks the map towards a naive forecast (`linear_start_priors`): the context's
-    mean, its last value, its last season or its last value with drift. The prior and the
+    The ridge shrinks the map towards a naive forecast (`naive_forecast_maps`, its prior): the
+    context's mean, its last value, its last season or its last value with drift. The prior and the
     ridge strength (one of LINEAR_START_RIDGES) are the pair with the lowest error under
     blocked cross-validation: each series' windows are cut into LINEAR_START_FOLDS consecutive
     stretches, and each stretch is predicted by the fit on the others. The error is the one
@@ -240,7 +238,7 @@ def fit_linear_start(
             parts.append(
                 (d, target[rows], observed[rows].double(), unit[rows], d.T @ d, d.T @ target[rows])
             )
-    priors = linear_start_priors(mc.context_length, mc.prediction_length, mc.season_length or 1)
+    priors = naive_forecast_maps(mc.context_length, mc.prediction_length, mc.season_length or 1)
     priors = {name: prior.to(device) for name, prior in priors.items()}
     best_error, ridge, prior_name = math.inf, LINEAR_START_RIDGES[0], "mean"
     for name, prior in priors.items() if parts else ():
@@ -270,38 +268,6 @@ def fit_linear_start(
         # The head's outputs are laid out (P, Q), quantile fastest.
         model.quantile_head.bias.copy_(offsets.repeat(mc.patch))
     return LinearStartFit(ridge, prior_name)
-
-
-def linear_start_priors(
-    context_length: int, prediction_length: int, season_length: int
-) -> dict[str, torch.Tensor]:
-    """Maps (L + 1, H), the intercept last, that the ridge shrinks the linear start towards:
-    the simple benchmark forecasts (Hyndman and Athanasopoulos, FPP3 5.2). The context's mean
-    (zero in normalised units), its last value, its last season when the data has one, and its
-    last value with drift, the mean step over the last DRIFT_HORIZONS horizons (whole seasons,
-    so that a season's swing is not read as a trend) when the context holds them.
-
-    A strong ridge towards the mean pulls a trending series back to its past level; towards the
-    last value it forecasts what the naive forecast does (M3 Yearly holdout, linear start
-    alone: OWA 1.42 against 0.92), and with drift it follows the trend (0.911; M1 Yearly 0.778
-    against 0.850 without it; README, Other competitions)."""
-    steps = torch.arange(prediction_length)
-    priors = {"mean": torch.zeros(context_length + 1, prediction_length, dtype=torch.float64)}
-    last = priors["mean"].clone()
-    last[context_length - 1] = 1.0
-    priors["last value"] = last
-    if 1 < season_length <= context_length:
-        seasonal = priors["mean"].clone()
-        seasonal[context_length - season_length + steps % season_length, steps] = 1.0
-        priors["last season"] = seasonal
-    span = -(-DRIFT_HORIZONS * prediction_length // season_length) * season_length
-    if span < context_length:
-        drift = last.clone()  # x[L-1] + (h + 1) * (x[L-1] - x[L-1-span]) / span
-        slope = (steps + 1).double() / span  # (H,) steps ahead per step of the span
-        drift[context_length - 1] += slope
-        drift[context_length - 1 - span] -= slope
-        priors[f"drift over {span} steps"] = drift
-    return priors
 
 
 def _blocked_folds(series: np.ndarray, n_folds: int) -> np.ndarray:

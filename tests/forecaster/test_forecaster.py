@@ -160,6 +160,26 @@ def test_the_interval_scale_is_saved_and_a_model_saved_before_it_loads(series, t
     pd.testing.assert_frame_equal(older.predict(series), model.predict(series), check_exact=True)
 
 
+def test_a_model_saved_before_the_naive_head_loads_and_forecasts_as_before(series, tmp_path):
+    """Its config has no `naive_head` field and its weights no such head: it loads with a
+    head that leaves the draft as it is, and forecasts the draft and its correction, as that
+    model always did."""
+    model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN)).fit(series)
+    with torch.no_grad():  # what the older model was: all the blend's weight on the draft
+        model.model.naive_head.weight.zero_()
+        model.model.naive_head.bias.fill_(-1e4)[0] = 0.0
+    model.save(tmp_path / "model")
+    meta_file = tmp_path / "model" / "config.json"
+    meta = json.loads(meta_file.read_text())
+    del meta["model_config"]["naive_head"]
+    meta_file.write_text(json.dumps(meta))
+    weights_file = tmp_path / "model" / "model.safetensors"
+    weights = {k: v for k, v in load_file(weights_file).items() if not k.startswith("naive")}
+    save_file(weights, weights_file)
+    older = Forecaster.load(tmp_path / "model")  # replays the saved reference forecast
+    pd.testing.assert_frame_equal(older.predict(series), model.predict(series), check_exact=True)
+
+
 def test_failed_save_leaves_the_saved_model_intact(fitted, series, tmp_path, monkeypatch):
     fitted.save(tmp_path / "model")
     before = {p.name: p.read_bytes() for p in (tmp_path / "model").iterdir()}

@@ -5,16 +5,15 @@ import pytest
 import torch
 from torch import nn
 
-from forecaster import ModelConfig, TrainConfig, training
+from forecaster import ModelConfig, TrainConfig
 from forecaster.config import N_HISTORY_BANDS
 from forecaster.errors import InvalidConfigError
-from forecaster.model import PatchTransformer, fill_gaps, history_band
+from forecaster.model import PatchTransformer, fill_gaps, history_band, naive_forecast_maps
 from forecaster.training import (
     LINEAR_START_RIDGES,
     LinearStartFit,
     WindowSet,
     fit_linear_start,
-    linear_start_priors,
 )
 from forecaster.windows import SeriesPanel, gather_windows, series_scales
 
@@ -35,6 +34,8 @@ def _model(config: ModelConfig) -> PatchTransformer:
     torch.manual_seed(0)
     model = PatchTransformer(config).eval()
     torch.nn.init.normal_(model.point_head.weight, std=0.5)
+    if model.naive_head is not None:
+        torch.nn.init.normal_(model.naive_head.weight, std=0.5)
     return model
 
 
@@ -140,6 +141,60 @@ def test_the_draft_of_a_gappy_history_reads_the_filled_gap(tiny_config):
         assert not torch.allclose(output.draft, model.linear_start(x))
 
 
+def test_an_untrained_model_forecasts_its_draft(tiny_config):
+    """The correction starts at zero and the naive head's blend on the draft: training begins
+    at the linear start, whatever the rest (the blend within e ** -8 of the draft)."""
+    config = ModelConfig(**{**tiny_config.__dict__, "season_length": 4})
+    output, _ = PatchTransformer(config)(*_inputs(config))
+    torch.testing.assert_close(output.mean, output.draft, rtol=0, atol=1e-2)
+    assert not torch.equal(output.mean, output.draft)  # yet the head can learn
+
+
+def test_the_naive_blend_stays_between_the_draft_and_the_naive_forecasts(tiny_config):
+    """Whatever the head's weights, its blend never extrapolates beyond what it blends."""
+    config = ModelConfig(**{**tiny_config.__dict__, "season_length": 4})
+    model = _model(config)
+    torch.nn.init.zeros_(model.point_head.weight)
+    with torch.no_grad():
+        torch.nn.init.normal_(model.naive_head.weight, std=10.0)
+    past, mask, _, _ = _inputs(config, batch=16)
+    output, _ = model(past, mask)
+    x, _ = model.scaler(past, mask)
+    maps = naive_forecast_maps(config.context_length, config.prediction_length, 4)
+    candidates = [output.draft] + [x @ m[:-1].float() + m[-1].float() for m in maps.values()]
+    low = torch.stack(candidates).min(dim=0).values
+    high = torch.stack(candidates).max(dim=0).values
+    assert torch.all(output.mean >= low - 1e-5) and torch.all(output.mean <= high + 1e-5)
+
+
+@pytest.mark.parametrize("name", ["last value", "last season", "mean"])
+def test_the_naive_head_can_hand_a_series_its_naive_forecast(tiny_config, name):
+    """All the blend's weight on a naive forecast replaces the draft with it exactly, in the
+    data's units: what the one linear map shared by every series cannot do for each of them."""
+    config = ModelConfig(**{**tiny_config.__dict__, "season_length": 4})
+    model = _model(config)
+    torch.nn.init.zeros_(model.point_head.weight)
+    names = list(naive_forecast_maps(config.context_length, config.prediction_length, 4))
+    with torch.no_grad():
+        model.naive_head.weight.zero_()
+        model.naive_head.bias.fill_(-1e4)[1 + names.index(name)] = 0.0  # the draft is first
+    past, mask, _, _ = _inputs(config)
+    forecast = model(past, mask)[0].denormalize().mean
+    expected = {
+        "last value": past[:, -1:].expand(-1, 8),
+        "last season": past[:, -4:].repeat(1, 2),
+        "mean": past.mean(dim=1, keepdim=True).expand(-1, 8),
+    }[name]
+    torch.testing.assert_close(forecast, expected)
+
+
+def test_without_the_naive_head_the_model_has_no_such_weights(tiny_config):
+    config = ModelConfig(**{**tiny_config.__dict__, "naive_head": False})
+    model = PatchTransformer(config)
+    assert model.naive_head is None
+    assert not any(name.startswith("naive") for name in model.state_dict())
+
+
 def _panel(values: np.ndarray) -> SeriesPanel:
     offsets = np.arange(0, values.size + 1, values.shape[1])
     flat = values.reshape(-1)
@@ -167,8 +222,9 @@ def test_linear_start_is_the_least_squares_fit(tiny_config):
     naive_error = torch.mean((last - batch.future_values) ** 2)
     model_error = torch.mean((output.denormalize().mean - batch.future_values) ** 2)
     assert model_error <= naive_error * 1.01
-    # The correction head starts at zero: the model is exactly its linear start.
-    torch.testing.assert_close(output.mean, output.draft)
+    # The correction head starts at zero and the naive blend on the draft (to e ** -8): the
+    # model is its linear start.
+    torch.testing.assert_close(output.mean, output.draft, rtol=0, atol=5e-3)
 
 
 def test_linear_start_ridge_is_chosen_by_cross_validation(tiny_config):
@@ -182,18 +238,18 @@ def test_linear_start_ridge_is_chosen_by_cross_validation(tiny_config):
     assert fit == LinearStartFit(max(LINEAR_START_RIDGES), "mean")
 
 
-def test_linear_start_priors_are_the_naive_forecasts():
+def test_naive_forecast_maps_are_the_naive_forecasts():
     context = torch.arange(1.0, 13.0)  # L = 12
     design = torch.cat([context, torch.ones(1)]).double()  # the intercept last
-    priors = linear_start_priors(12, 6, season_length=4)
+    priors = naive_forecast_maps(12, 6, season_length=4)
     assert list(priors) == ["mean", "last value", "last season"]
     torch.testing.assert_close(design @ priors["mean"], torch.zeros(6, dtype=torch.float64))
     torch.testing.assert_close(design @ priors["last value"], torch.full((6,), 12.0).double())
     seasonal = torch.tensor([9.0, 10.0, 11.0, 12.0, 9.0, 10.0]).double()
     torch.testing.assert_close(design @ priors["last season"], seasonal)
-    assert list(linear_start_priors(12, 6, season_length=1)) == ["mean", "last value"]
+    assert list(naive_forecast_maps(12, 6, season_length=1)) == ["mean", "last value"]
     # Two steps ahead, the slope read over DRIFT_HORIZONS = 4 horizons: 8 steps, 4 -> 12.
-    priors = linear_start_priors(12, 2, season_length=1)
+    priors = naive_forecast_maps(12, 2, season_length=1)
     assert list(priors) == ["mean", "last value", "drift over 8 steps"]
     torch.testing.assert_close(
         design @ priors["drift over 8 steps"], torch.tensor([13.0, 14.0]).double()
@@ -248,7 +304,7 @@ def test_linear_start_follows_the_drift_of_short_trending_series(tiny_config, mo
 
     fit, error = fit_and_score()
     assert fit.prior == "drift over 16 steps" and fit.ridge >= 10
-    monkeypatch.setattr(training, "DRIFT_HORIZONS", 100)  # no drift prior: its span > L
+    monkeypatch.setattr("forecaster.model.DRIFT_HORIZONS", 100)  # no drift prior: its span > L
     fit_without, error_without = fit_and_score()
     assert fit_without.prior == "last value"
     assert error < 0.8 * error_without

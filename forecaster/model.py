@@ -103,7 +103,7 @@ def naive_forecast_maps(
 ) -> dict[str, torch.Tensor]:
     """The simple benchmark forecasts (Hyndman and Athanasopoulos, FPP3 5.2) as maps (L + 1, H)
     from the gap-filled normalised context, intercept last: what the ridge shrinks the linear
-    start towards, and what the naive head moves the draft towards. The context's mean
+    start towards, and what the naive head blends the draft with. The context's mean
     (zero in normalised units), its last value, its last season when the data has one, and its
     last value with drift, the mean step over the last DRIFT_HORIZONS horizons (whole seasons,
     so that a season's swing is not read as a trend) when the context holds them.
@@ -280,8 +280,9 @@ class PatchTransformer(nn.Module):
         h = c.prediction_length
         # (B, M, P) -> (B, M * P) -> (B, H)
         correction = self.point_head(decoded.hidden).reshape(batch, -1)[:, :h]
-        mean = draft + correction
-        if self.naive_head is not None:
+        if self.naive_head is None:
+            mean = draft + correction
+        else:  # the draft blended with the naive forecasts of the context
             maps = self.naive_maps.to(filled.dtype)
             naive = torch.einsum("bl,klh->bkh", filled, maps[:, :-1]) + maps[:, -1]  # (B, K, H)
             candidates = torch.cat([draft.unsqueeze(1), naive], dim=1)  # (B, 1 + K, H)

@@ -20,6 +20,8 @@ Loss = Literal["mae", "mse", "huber"]
 LOSSES = ("mae", "mse", "huber")
 LossUnit = Literal["rms", "std"]
 LOSS_UNITS = ("rms", "std")
+NaiveBlend = Literal["gates", "softmax"]
+NAIVE_BLENDS = ("gates", "softmax")
 
 
 def _check(condition: bool, name: str, expected: str, actual: object) -> None:
@@ -101,11 +103,17 @@ class ModelConfig:
     # forecaster.training.fit_linear_start). Off: the Transformer forecasts alone.
     linear_start: bool = True
     # With the linear start: each horizon token blends its draft with the naive forecasts of
-    # its context (the mean, last value, last season, drift) by softmax weights, so the model
-    # picks per series what the one shared linear map cannot. Starts on the draft. Validation
-    # loss lower on M4 Hourly, ETTh1 (H = 96, 192) and synthetic daily data, split on smaller
-    # competition sets (docs/model-choices.md). Off: the draft and its correction alone.
+    # its context (the mean, last value, last season, drift), so the model picks per series
+    # what the one shared linear map cannot. Starts on the draft. Off: the draft and its
+    # correction alone (docs/model-choices.md).
     naive_head: bool = True
+    # How the naive head turns its outputs into the blend's weights, both convex and both
+    # starting on the draft. "gates": one weight per naive forecast, clamped at zero and
+    # scaled to sum at most 1, the draft taking the rest; they start at zero and move at the
+    # learning rate's pace from the first step. "softmax": over the draft and the naive
+    # forecasts, from logits of -8 that move too slowly to leave the draft within ETTh1's few
+    # epochs; the first version, kept so the models saved with it load.
+    naive_blend: NaiveBlend = "gates"
     # Calendar features of `ds` fed to encoder and decoder tokens (names from
     # forecaster.time_axis.CALENDAR_FEATURES). Off by default: on validation data they let the
     # model memorise the training period's calendar (see the README's design section).
@@ -154,6 +162,12 @@ class ModelConfig:
         unknown = [name for name in self.calendar_features if name not in CALENDAR_FEATURES]
         _check(not unknown, "calendar_features", f"names from {list(CALENDAR_FEATURES)}", unknown)
         _check(self.loss in LOSSES, "loss", " or ".join(LOSSES), self.loss)
+        _check(
+            self.naive_blend in NAIVE_BLENDS,
+            "naive_blend",
+            " or ".join(NAIVE_BLENDS),
+            self.naive_blend,
+        )
         _check(self.loss_unit in LOSS_UNITS, "loss_unit", " or ".join(LOSS_UNITS), self.loss_unit)
         _check(
             self.horizon_weight_decay >= 0,

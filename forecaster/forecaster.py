@@ -568,8 +568,11 @@ class Forecaster:
         train_values = dict(meta["train_config"])
         if device is not None:
             train_values["device"] = device
+        model_values = dict(meta["model_config"])
+        if "naive_head" in model_values:  # saved before its blend could be gates: softmax
+            model_values.setdefault("naive_blend", "softmax")
         forecaster = cls(
-            config_from_dict(ModelConfig, meta["model_config"]),
+            config_from_dict(ModelConfig, model_values),
             config_from_dict(TrainConfig, train_values),
         )
         forecaster.freq = meta["freq"]
@@ -581,12 +584,10 @@ class Forecaster:
         state["interval_scale"] = (
             scale.expand(N_HISTORY_BANDS).clone() if scale.dim() == 0 else scale
         )
-        # One saved before the naive head existed forecast with the draft alone: a head whose
-        # softmax puts all weight on the draft (exp(-1e4) is 0 in every float type).
+        # One saved before the naive head existed forecast with the draft alone: closed gates.
         if model.naive_head is not None and "naive_head.weight" not in state:
             state["naive_head.weight"] = torch.zeros_like(model.naive_head.weight)
-            state["naive_head.bias"] = torch.full_like(model.naive_head.bias, -1e4)
-            state["naive_head.bias"][0] = 0.0
+            state["naive_head.bias"] = torch.zeros_like(model.naive_head.bias)
         model.load_state_dict(state)
         forecaster.model = model.to(forecaster.device).eval()
         reference_file = path / REFERENCE_FILE

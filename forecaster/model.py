@@ -5,25 +5,27 @@
     x, mask --left-pad to N * P, patch--> (B, N, 2P) --embed (+covariates, +position)--> Encoder
     draft --patch--> (B, M, P) --embed (+query, +covariates, +position)--> Decoder(causal self-attn,
         cross-attn to the encoder) --point head--> correction (B, H)
-                                   --naive head--> softmax weights w (B, M, 1 + K) on the draft
-                                                   and K naive forecasts
-    mean = sum_k w_k * [draft, naive_1..K]_k + correction
+                                   --naive head--> weights w (B, M, K) of the K naive
+                                                   forecasts, >= 0, summing to <= 1
+    mean = draft + sum_k w_k * (naive_k - draft) + correction
 
 Design, measured on validation windows (README, design section):
 - a token is one seasonal cycle of P steps (24 for hourly data), tokens do not overlap and the
   last context token ends at the forecast origin, so token n and horizon token m line up with
   the cycle and attention compares like with like (a day with a day);
 - channel independence: every series is its own batch row and shares all weights;
-- the decoder reads a draft: the linear start's forecast of its horizon patch. Its causal self-attention sees the drafts of earlier horizon patches, its
-  cross-attention the context patches, and it outputs a correction of its draft. The linear
-  start is ridge-fitted before training and the correction head starts at zero, so training
-  begins at the best linear forecast (DLinear's) and keeps it unless validation says otherwise;
+- the decoder reads a draft: the linear start's forecast of its horizon patch. Its causal
+  self-attention sees the drafts of earlier horizon patches, its cross-attention the context
+  patches, and it outputs a correction of its draft. The linear start is ridge-fitted before
+  training and the correction head starts at zero, so training begins at the best linear
+  forecast (DLinear's) and keeps it unless validation says otherwise;
 - the linear start is one map for every series; the naive head lets each horizon token blend
   its draft with the simple benchmark forecasts of its own context (the mean, the last value,
   the last season, the drift: `naive_forecast_maps`), so the decoder picks per series what one
   shared map cannot (a random walk's last value, a cycle's last season). The blend is convex,
   so it never extrapolates beyond them (unbounded weights did on M3 Other's declining
-  series), and it starts on the draft (NAIVE_START_LOGIT);
+  series). Its weights are gates that start at zero, on the draft, and open at the learning
+  rate's pace (a softmax starting on the draft barely left it within ETTh1's few epochs);
 - one normalisation, the mask-aware InstanceScaler: padding and missing steps are invisible.
 """
 
@@ -43,9 +45,8 @@ from forecaster.scaling import InstanceScaler, InstanceStats
 # The drift forecast's slope is read over this many horizons: long enough to average out noise,
 # short enough to follow a trend that changes (1, 2 and 8 were tried: docs/model-choices.md).
 DRIFT_HORIZONS = 4
-# The naive head's initial logit of each naive forecast against the draft's 0: the blend starts
-# within 0.05 % of the draft per naive forecast (e ** -8), so training begins at the linear
-# start, yet AdamW, which normalises gradients, moves the logits at its usual pace.
+# With naive_blend="softmax", the naive head's initial logit of each naive forecast against the
+# draft's 0: the blend starts within 0.05 % of the draft per naive forecast (e ** -8).
 NAIVE_START_LOGIT = -8.0
 
 
@@ -183,11 +184,15 @@ class PatchTransformer(nn.Module):
             self.register_buffer(
                 "naive_maps", torch.stack(list(maps.values())).float(), persistent=False
             )
-            # Per horizon token, logits of the draft (first) and of each naive forecast.
-            self.naive_head = nn.Linear(d, 1 + len(maps))
+            # Per horizon token, a gate per naive forecast, or with "softmax" the logits of
+            # the draft (first) and of each naive forecast.
+            softmax = c.naive_blend == "softmax"
+            self.naive_head = nn.Linear(d, softmax + len(maps))
             nn.init.zeros_(self.naive_head.weight)
-            with torch.no_grad():
-                self.naive_head.bias.fill_(NAIVE_START_LOGIT)[0] = 0.0
+            nn.init.zeros_(self.naive_head.bias)
+            if softmax:
+                with torch.no_grad():
+                    self.naive_head.bias[1:] = NAIVE_START_LOGIT
         n_q = len(c.quantiles)
         self.quantile_head = nn.Linear(d, p * n_q) if n_q else None
         # Widens (> 1) or narrows the quantiles' offsets from the point forecast, one factor
@@ -217,6 +222,15 @@ class PatchTransformer(nn.Module):
         it in training, in its ridge fit and in prediction."""
         # season_length is None only in a model saved before the field existed: last value.
         return fill_gaps(x, observed, self.config.season_length or 1)
+
+    def _naive_weights(self, outputs: torch.Tensor) -> torch.Tensor:
+        """(B, M, K or 1 + K) naive head outputs -> (B, M, K) weights of the naive forecasts,
+        each >= 0, summing to at most 1."""
+        if self.config.naive_blend == "softmax":
+            return outputs.softmax(dim=-1)[..., 1:]  # the draft's weight is the rest
+        # clamp, unlike relu, passes the gradient at 0: the gates can open from their start.
+        gates = outputs.clamp(min=0)
+        return gates / gates.sum(dim=-1, keepdim=True).clamp(min=1)
 
     # -- forward --------------------------------------------------------------------------
     def forward(
@@ -285,11 +299,12 @@ class PatchTransformer(nn.Module):
         else:  # the draft blended with the naive forecasts of the context
             maps = self.naive_maps.to(filled.dtype)
             naive = torch.einsum("bl,klh->bkh", filled, maps[:, :-1]) + maps[:, -1]  # (B, K, H)
-            candidates = torch.cat([draft.unsqueeze(1), naive], dim=1)  # (B, 1 + K, H)
-            weights = self.naive_head(decoded.hidden).softmax(dim=-1)  # (B, M, 1 + K)
-            # (B, M, 1 + K) -> (B, M * P, 1 + K) -> (B, H, 1 + K): one weight per token
+            weights = self._naive_weights(self.naive_head(decoded.hidden))  # (B, M, K)
+            # (B, M, K) -> (B, M * P, K) -> (B, H, K): one weight per token
             weights = weights.repeat_interleave(c.patch, dim=1)[:, :h]
-            mean = correction + torch.einsum("bhk,bkh->bh", weights, candidates)
+            # Weights >= 0 summing to at most 1, the draft taking the rest: a convex blend.
+            blend = torch.einsum("bhk,bkh->bh", weights, naive - draft.unsqueeze(1))
+            mean = correction + draft + blend
         quantiles = None
         if self.quantile_head is not None:
             # The intervals are offsets around the point forecast, read from the decoder's

@@ -167,16 +167,34 @@ def test_a_model_saved_before_the_naive_head_loads_and_forecasts_as_before(serie
     model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN)).fit(series)
     with torch.no_grad():  # what the older model was: all the blend's weight on the draft
         model.model.naive_head.weight.zero_()
-        model.model.naive_head.bias.fill_(-1e4)[0] = 0.0
+        model.model.naive_head.bias.zero_()
     model.save(tmp_path / "model")
     meta_file = tmp_path / "model" / "config.json"
     meta = json.loads(meta_file.read_text())
     del meta["model_config"]["naive_head"]
+    del meta["model_config"]["naive_blend"]
     meta_file.write_text(json.dumps(meta))
     weights_file = tmp_path / "model" / "model.safetensors"
     weights = {k: v for k, v in load_file(weights_file).items() if not k.startswith("naive")}
     save_file(weights, weights_file)
     older = Forecaster.load(tmp_path / "model")  # replays the saved reference forecast
+    pd.testing.assert_frame_equal(older.predict(series), model.predict(series), check_exact=True)
+
+
+def test_a_model_saved_with_the_softmax_naive_head_loads_and_forecasts_as_before(series, tmp_path):
+    """Its config has `naive_head` but no `naive_blend`: it loads with the softmax it was
+    trained with, not with gates that would read its weights otherwise."""
+    config = ModelConfig(**{**TINY_MODEL, "naive_blend": "softmax"})
+    model = Forecaster(config, TrainConfig(**TINY_TRAIN)).fit(series)
+    with torch.no_grad():  # a head that has moved off the draft, so the blend shows
+        torch.nn.init.normal_(model.model.naive_head.weight, std=1.0)
+    model.save(tmp_path / "model")
+    meta_file = tmp_path / "model" / "config.json"
+    meta = json.loads(meta_file.read_text())
+    del meta["model_config"]["naive_blend"]
+    meta_file.write_text(json.dumps(meta))
+    older = Forecaster.load(tmp_path / "model")  # replays the saved reference forecast
+    assert older.model_config.naive_blend == "softmax"
     pd.testing.assert_frame_equal(older.predict(series), model.predict(series), check_exact=True)
 
 

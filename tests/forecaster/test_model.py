@@ -141,22 +141,26 @@ def test_the_draft_of_a_gappy_history_reads_the_filled_gap(tiny_config):
         assert not torch.allclose(output.draft, model.linear_start(x))
 
 
-def test_an_untrained_model_forecasts_its_draft(tiny_config):
-    """The correction starts at zero and the naive head's blend on the draft: training begins
-    at the linear start, whatever the rest (the blend within e ** -8 of the draft)."""
+def test_an_untrained_model_forecasts_its_draft_yet_its_naive_head_learns(tiny_config):
+    """The correction and the naive head's gates start at zero: training begins at the linear
+    start, whatever the rest, and the first step can already open the gates."""
     config = ModelConfig(**{**tiny_config.__dict__, "season_length": 4})
-    output, _ = PatchTransformer(config)(*_inputs(config))
-    torch.testing.assert_close(output.mean, output.draft, rtol=0, atol=1e-2)
-    assert not torch.equal(output.mean, output.draft)  # yet the head can learn
+    model = PatchTransformer(config)
+    output, _ = model(*_inputs(config))
+    torch.testing.assert_close(output.mean, output.draft, rtol=0, atol=0)
+    (output.mean - 1.0).square().sum().backward()
+    assert model.naive_head.bias.grad.abs().min() > 0
 
 
-def test_the_naive_blend_stays_between_the_draft_and_the_naive_forecasts(tiny_config):
+@pytest.mark.parametrize("blend", ["gates", "softmax"])
+def test_the_naive_blend_stays_between_the_draft_and_the_naive_forecasts(tiny_config, blend):
     """Whatever the head's weights, its blend never extrapolates beyond what it blends."""
-    config = ModelConfig(**{**tiny_config.__dict__, "season_length": 4})
+    config = ModelConfig(**{**tiny_config.__dict__, "season_length": 4, "naive_blend": blend})
     model = _model(config)
     torch.nn.init.zeros_(model.point_head.weight)
     with torch.no_grad():
         torch.nn.init.normal_(model.naive_head.weight, std=10.0)
+        torch.nn.init.normal_(model.naive_head.bias, std=10.0)
     past, mask, _, _ = _inputs(config, batch=16)
     output, _ = model(past, mask)
     x, _ = model.scaler(past, mask)
@@ -167,17 +171,23 @@ def test_the_naive_blend_stays_between_the_draft_and_the_naive_forecasts(tiny_co
     assert torch.all(output.mean >= low - 1e-5) and torch.all(output.mean <= high + 1e-5)
 
 
+@pytest.mark.parametrize("blend", ["gates", "softmax"])
 @pytest.mark.parametrize("name", ["last value", "last season", "mean"])
-def test_the_naive_head_can_hand_a_series_its_naive_forecast(tiny_config, name):
+def test_the_naive_head_can_hand_a_series_its_naive_forecast(tiny_config, name, blend):
     """All the blend's weight on a naive forecast replaces the draft with it exactly, in the
     data's units: what the one linear map shared by every series cannot do for each of them."""
-    config = ModelConfig(**{**tiny_config.__dict__, "season_length": 4})
+    config = ModelConfig(**{**tiny_config.__dict__, "season_length": 4, "naive_blend": blend})
     model = _model(config)
     torch.nn.init.zeros_(model.point_head.weight)
-    names = list(naive_forecast_maps(config.context_length, config.prediction_length, 4))
+    index = list(naive_forecast_maps(config.context_length, config.prediction_length, 4)).index(
+        name
+    )
     with torch.no_grad():
         model.naive_head.weight.zero_()
-        model.naive_head.bias.fill_(-1e4)[1 + names.index(name)] = 0.0  # the draft is first
+        if blend == "gates":  # a gate opened past 1 is scaled back to 1
+            model.naive_head.bias.fill_(-1.0)[index] = 3.0
+        else:  # the draft's logit is first
+            model.naive_head.bias.fill_(-1e4)[1 + index] = 0.0
     past, mask, _, _ = _inputs(config)
     forecast = model(past, mask)[0].denormalize().mean
     expected = {
@@ -418,6 +428,7 @@ def test_linear_start_ridge_is_judged_by_the_validation_loss(tiny_config, loss, 
         ("quantiles", (0.5, 1.5), "quantiles: expected distinct values strictly between 0 and 1"),
         ("loss", "rmse", "loss: expected mae or mse or huber, got 'rmse'"),
         ("loss_unit", "mad", "loss_unit: expected rms or std, got 'mad'"),
+        ("naive_blend", "relu", "naive_blend: expected gates or softmax, got 'relu'"),
         ("horizon_dropout", 1.0, "horizon_dropout: expected in [0, 1), got 1.0"),
         ("calendar_features", ("week_of_moon",), "calendar_features: expected names from"),
     ],

@@ -187,7 +187,7 @@ class PatchTransformer(nn.Module):
             # Per horizon token, a gate per naive forecast, or with "softmax" the logits of
             # the draft (first) and of each naive forecast.
             softmax = c.naive_blend == "softmax"
-            self.naive_head = nn.Linear(d, softmax + len(maps))
+            self.naive_head = nn.Linear(d, int(softmax) + len(maps))
             nn.init.zeros_(self.naive_head.weight)
             nn.init.zeros_(self.naive_head.bias)
             if softmax:

@@ -104,8 +104,10 @@ def test_training_that_cannot_beat_the_linear_start_keeps_it(series):
     model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
     result = model.train_result
     assert result.stopped_early
-    assert len(result.epochs) == config.max_lr_decays + 1  # one epoch per plateau, then stop
-    assert [round(log.learning_rate, 6) for log in result.epochs[:3]] == [5.0, 1.5, 0.45]
+    # `patience` epochs per plateau, then stop
+    assert len(result.epochs) == config.patience * (config.max_lr_decays + 1)
+    rates = [round(log.learning_rate, 6) for log in result.epochs]
+    assert rates == [r for r in (5.0, 1.5, 0.45) for _ in range(config.patience)]
     assert result.best_epoch == 0
     assert result.best_val_loss == result.initial_val_loss
     pd.testing.assert_frame_equal(model.predict(series), linear.predict(series))
@@ -165,9 +167,9 @@ def test_two_process_gloo_training_keeps_weights_synchronised(tmp_path):
 def test_a_replay_retrains_along_the_kept_path(series):
     """kept_lr_factors replays the evaluated run: same windows and seed give the same weights."""
     model_config = ModelConfig(**TINY_MODEL)
-    evaluated = Forecaster(model_config, TrainConfig(**{**TINY_TRAIN, "max_epochs": 4})).fit(
-        series, val_df=series
-    )
+    evaluated = Forecaster(
+        model_config, TrainConfig(**{**TINY_TRAIN, "max_epochs": 4, "patience": 1})
+    ).fit(series, val_df=series)
     result = evaluated.train_result
     # patience 1: every epoch that did not improve was restored away at once
     base = TrainConfig().learning_rate

@@ -40,5 +40,10 @@ def test_torch_compile_trains_and_predicts_like_eager(series):
     eager = _fit(series)
     compiled = _fit(series, compile=True)
     assert compiled.train_result.best_epoch == eager.train_result.best_epoch
-    # Kernels fused in another order round differently, and training carries it along.
-    assert _relative_gap(compiled.predict(series), eager.predict(series), series) < 1e-3
+    # Kernels fused in another order round differently, and training carries it along: two
+    # epochs at the full rate and the tail epoch move the validation loss by about 0.5 % and
+    # the forecast by about 0.2 % of the data's spread.
+    assert compiled.train_result.best_val_loss == pytest.approx(
+        eager.train_result.best_val_loss, rel=1e-2
+    )
+    assert _relative_gap(compiled.predict(series), eager.predict(series), series) < 5e-3

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from forecaster.config import HISTORY_EDGES, N_HISTORY_BANDS, ModelConfig
-from forecaster.layers import Decoder, Encoder, sinusoidal_positional_encoding
+from forecaster.layers import Decoder, Dropout, Encoder, sinusoidal_positional_encoding
 from forecaster.outputs import ModelOutput
 from forecaster.scaling import InstanceScaler, InstanceStats
 
@@ -158,7 +158,7 @@ class PatchTransformer(nn.Module):
         self.register_buffer("positional_encoding", positions, persistent=False)
         self.horizon_queries = nn.Parameter(torch.randn(c.n_horizon_tokens, d) * 0.02)
         self.draft_embedding = nn.Linear(p, d)
-        self.embedding_dropout = nn.Dropout(c.dropout)
+        self.embedding_dropout = Dropout(c.dropout)
         self.encoder = Encoder(
             c.n_encoder_layers, d, c.n_heads, c.d_ff, c.dropout, c.attention_dropout
         )

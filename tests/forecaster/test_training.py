@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from forecaster import EpochLog, Forecaster, ModelConfig, TrainConfig
+from forecaster import EpochLog, Forecaster, ModelConfig, TrainConfig, training
 from forecaster.config import HISTORY_EDGES, N_HISTORY_BANDS
 from forecaster.forecaster import _hold_out_tail
 from forecaster.model import PatchTransformer
@@ -187,6 +187,29 @@ def test_a_replay_retrains_along_the_kept_path(series):
     assert refit.train_result.kept_lr_factors == factors
     assert all(e.val_loss is None for e in refit.train_result.epochs)
     assert np.isfinite(refit.predict(series)["mean"]).all()
+
+
+def test_the_kept_path_holds_the_stale_epochs_before_a_later_best(series, monkeypatch):
+    """With patience 2 an epoch that did not improve stays on the weights' path when a later
+    epoch improves without a restore between them; epochs restored away leave it. The
+    validation losses are scripted so that each rule of the plateau schedule is exercised."""
+    scripted = iter(
+        # epoch 0, then 1 best, 2 stale, 3 best, 4-5 stale (restore to 3, rate x 0.3),
+        # 6 best, 7-8 stale (restore to 6, rate x 0.09), 9-10 stale: stop
+        [1.0, 0.9, 0.95, 0.8, 0.85, 0.86, 0.7, 0.75, 0.76, 0.74, 0.73]
+    )
+    monkeypatch.setattr(training, "evaluate_loss", lambda *args, **kwargs: next(scripted))
+    config = TrainConfig(**{**TINY_TRAIN, "max_epochs": 20, "tail_epochs": 0})
+    assert (config.patience, config.max_lr_decays, config.lr_decay) == (2, 2, 0.3)
+    result = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series, val_df=series).train_result
+    assert [round(e.learning_rate / config.learning_rate, 6) for e in result.epochs] == [
+        *[1.0] * 5,
+        *[0.3] * 3,
+        *[0.09] * 2,
+    ]
+    assert result.stopped_early and result.best_epoch == 6 and result.best_val_loss == 0.7
+    assert result.kept_lr_factors == (1.0, 1.0, 1.0, 0.3)
+    assert next(scripted, None) is None  # every scripted loss was read, none more
 
 
 def test_fit_trains_the_kept_weights_on_the_held_out_tail_too(series):

@@ -112,7 +112,7 @@ def naive_forecast_maps(
     A strong ridge towards the mean pulls a trending series back to its past level; towards the
     last value it forecasts what the naive forecast does (M3 Yearly holdout, linear start
     alone: OWA 1.42 against 0.92), and with drift it follows the trend (0.911; M1 Yearly 0.778
-    against 0.850 without it; README, Other competitions)."""
+    against 0.850 without it; docs/model-choices.md)."""
     steps = torch.arange(prediction_length)
     maps = {"mean": torch.zeros(context_length + 1, prediction_length, dtype=torch.float64)}
     last = maps["mean"].clone()

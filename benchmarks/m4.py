@@ -47,6 +47,8 @@ back, the last three years. Where m is 1 a season is one step, named by the step
 "last day missing" is one missing point and "last three days missing" three, on Weekly
 "one week seven weeks back missing", on Yearly "last year missing". An outage never takes a
 history's first two points (M4's shortest Monthly and Quarterly holdout histories are two years).
+The same option cuts every history to L - 1, L - m and L / 2 points (L the model's
+context_length): series that began recently, forecast by a model trained on long ones.
 
 `--refit` scores each fitted model's refit as well: the same configuration trained on every
 window, each series' held-out validation tail included, along the path validation kept (what
@@ -240,24 +242,48 @@ def _missing_span(start: int, stop: int | None) -> Damage:
     return damage
 
 
-def gap_patterns(group: Group) -> dict[str, Damage]:
+def _cut_to(points: int) -> Damage:
+    def damage(h: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return h[-points:]
+
+    return damage
+
+
+def gap_patterns(group: Group, context_length: int | None = None) -> dict[str, Damage]:
     """Outages a live feed has at forecast time, in seasons of the group's m steps (Hourly:
-    days), applied to every history of a gap-free split, by label."""
+    days), applied to every history of a gap-free split, by label. With `context_length` L,
+    also histories cut a little and a lot shorter than the context (L - 1, L - m and L / 2
+    points): a series that began recently, forecast by a model trained on long ones."""
     m, season = group.season, group.season_label
     # Seven days make a week (Hourly, Daily); seven years or weeks are counted.
     seven = "a week" if season == "day" else f"seven {season}s"
-    return {
+    patterns = {
         "5% of points missing at random": _missing_at_random,
         f"last {season} missing": _missing_span(-m, None),
         f"one {season} {seven} back missing": _missing_span(-7 * m, -6 * m),
         f"last three {season}s missing": _missing_span(-3 * m, None),
     }
+    if context_length is not None:
+        cuts = {
+            "one point short of the context": context_length - 1,
+            f"one {season} short of the context": context_length - m,
+            "half the context": context_length // 2,
+        }
+        taken: set[int] = set()  # where m is 1, L - 1 and L - m are one cut
+        for label, points in cuts.items():
+            if points >= 2 and points not in taken:
+                taken.add(points)
+                patterns[f"history cut to {points} points ({label})"] = _cut_to(points)
+    return patterns
 
 
-def with_gaps(split: Split, pattern: str, seed: int = 0) -> Split:
-    """The split with `pattern` applied to every history (the scale of MASE unchanged)."""
+def with_gaps(
+    split: Split, pattern: str, seed: int = 0, context_length: int | None = None
+) -> Split:
+    """The split with `pattern` of `gap_patterns` applied to every history (the scale of MASE
+    unchanged)."""
     rng = np.random.default_rng(seed)
-    damage = gap_patterns(split.group)[pattern]
+    damage = gap_patterns(split.group, context_length)[pattern]
     return replace(split, history=[damage(h, rng) for h in split.history])
 
 
@@ -600,7 +626,8 @@ def main(argv: list[str] | None = None) -> int:
     else:  # Naive2's decomposition needs complete histories of two seasons or more
         add("Naive2 (same split)", naive2_forecast, None)
     add("seasonal naive (same split)", seasonal_naive(split), None)
-    damaged = {p: with_gaps(split, p) for p in gap_patterns(group)} if args.gap_patterns else {}
+    patterns = gap_patterns(group, model_config.context_length) if args.gap_patterns else {}
+    damaged = {p: with_gaps(split, p, context_length=model_config.context_length) for p in patterns}
     for seed in [] if args.no_ours else args.seeds:
         forecaster, forecast, info = run_ours(split, seed, overrides)
         if args.attention:

@@ -238,7 +238,11 @@ def test_daily_runs_end_to_end_against_naive2_on_the_same_split(daily_csvs, tmp_
     assert written["group"] == "Daily"
     assert written["owa_reference"]["source"] == "Naive2 on the same split"
     rows = {r["model"]: r for r in written["results"]}
-    assert {"ours (seed 0)", "seasonal naive, last day missing"} <= set(rows)
+    assert {
+        "ours (seed 0)",
+        "seasonal naive, last day missing",
+        "ours (seed 0), history cut to 14 points (half the context)",
+    } <= set(rows)
     assert all(np.isfinite(r["owa"]) for r in rows.values())
     assert rows["Naive2 (same split)"]["owa"] == 1.0
     printed = capsys.readouterr().out
@@ -286,6 +290,27 @@ def test_gap_patterns_count_in_seasons_of_the_group():
     np.testing.assert_array_equal(missing(MONTHLY, three_years, 100), np.arange(64, 100))
     # A history shorter than the outage keeps its first two points.
     np.testing.assert_array_equal(missing(MONTHLY, three_years, 24), np.arange(2, 24))
+
+
+def test_gap_patterns_cut_histories_short_of_the_context():
+    cuts = [p for p in m4.gap_patterns(HOURLY, context_length=336) if p.startswith("history")]
+    assert cuts == [
+        "history cut to 335 points (one point short of the context)",
+        "history cut to 312 points (one day short of the context)",
+        "history cut to 168 points (half the context)",
+    ]
+    y = np.arange(1.0, 401)
+    split = m4.Split(HOURLY, ["s"], [y], np.ones((1, HOURLY.horizon)), np.ones(1))
+    cut = m4.with_gaps(split, cuts[1], context_length=336)
+    # The most recent points are kept, and MASE's scale is the full history's.
+    np.testing.assert_array_equal(cut.history[0], y[-312:])
+    np.testing.assert_array_equal(cut.scales, split.scales)
+    # Where a season is one step, L - 1 is L - m: one cut. None is shorter than two points.
+    assert [p for p in m4.gap_patterns(YEARLY, context_length=24) if p.startswith("history")] == [
+        "history cut to 23 points (one point short of the context)",
+        "history cut to 12 points (half the context)",
+    ]
+    assert not [p for p in m4.gap_patterns(YEARLY, context_length=2) if p.startswith("history")]
 
 
 @pytest.fixture()

@@ -588,6 +588,8 @@ class Forecaster:
         if model.naive_head is not None and "naive_head.weight" not in state:
             state["naive_head.weight"] = torch.zeros_like(model.naive_head.weight)
             state["naive_head.bias"] = torch.zeros_like(model.naive_head.bias)
+        # One saved before the left padding was imputed read it as 0: the identity.
+        state.setdefault("padding_factor", model.padding_factor.clone())
         model.load_state_dict(state)
         forecaster.model = model.to(forecaster.device).eval()
         reference_file = path / REFERENCE_FILE

@@ -1,7 +1,7 @@
 """The patch Transformer encoder-decoder.
 
     past_values, past_observed_mask --InstanceScaler--> x (B, L), 0 where unobserved
-    x --fill gaps (seasonal)--> --linear start--> draft (B, H)
+    x --fill gaps (seasonal), impute left padding--> --linear start--> draft (B, H)
     x, mask --left-pad to N * P, patch--> (B, N, 2P) --embed (+covariates, +position)--> Encoder
     draft --patch--> (B, M, P) --embed (+query, +covariates, +position)--> Decoder(causal self-attn,
         cross-attn to the encoder) --point head--> correction (B, H)
@@ -99,6 +99,41 @@ def fill_gaps(x: torch.Tensor, observed: torch.Tensor, season: int = 1) -> torch
     return filled.reshape(batch, -1)[:, pad:]  # (B, C * S) -> (B, L)
 
 
+def impute_left_padding(
+    x: torch.Tensor, observed: torch.Tensor, factor: torch.Tensor
+) -> torch.Tensor:
+    """(B, L) gap-filled context -> (B, L) with the steps before each row's first observation
+    replaced by their linear regression on the steps after it.
+
+    `factor` (L + 1, L + 1) is the lower Cholesky factor C of the ridge Gram matrix G of the
+    linear start's design, ordered intercept first, then the lags from the newest to the
+    oldest. In that order a row's observed steps are a leading block, and C's leading block is
+    their own factor, so e = C^-1 d read up to the block depends on the observed steps alone
+    and C (e cut to the block) is their regression, G_mo G_oo^-1 d_o, on the missing ones. A
+    map w solving the normal equations G w = b then forecasts such a row as the ridge fit on
+    its observed lags alone does (G_oo w_o + G_om w_m = b_o): a series shorter than the
+    context gets the draft of a linear start fitted for its length, where reading the padding
+    as the mean moved the draft (M4 Hourly, one point short: docs/model-choices.md). Rows
+    without padding, or without any observation, are returned as they are.
+    """
+    batch, length = x.shape
+    first = observed.to(torch.int8).argmax(dim=1)  # (B,) index of the first observed step
+    padded = (first > 0) & observed.any(dim=1)
+    if not padded.any():
+        return x
+    rows = x[padded]
+    design = torch.cat([torch.ones_like(rows[:, :1]), rows.flip(-1)], dim=1)  # (R, 1 + L)
+    # e^T = d^T C^-T, one row per window
+    innovations = torch.linalg.solve_triangular(factor.T, design, upper=True, left=False)
+    kept = torch.arange(length + 1, device=x.device) <= (length - first[padded])[:, None]
+    regressed = (innovations * kept) @ factor.T  # (R, 1 + L)
+    imputed = regressed[:, 1:].flip(-1)  # (R, L), oldest first again
+    before = torch.arange(length, device=x.device) < first[padded][:, None]
+    out = x.clone()
+    out[padded] = torch.where(before, imputed, rows)
+    return out
+
+
 def naive_forecast_maps(
     context_length: int, prediction_length: int, season_length: int
 ) -> dict[str, torch.Tensor]:
@@ -177,6 +212,10 @@ class PatchTransformer(nn.Module):
         self.linear_start = (
             nn.Linear(c.context_length, c.prediction_length) if c.linear_start else None
         )
+        # The Cholesky factor of the linear start's ridge Gram matrix, lags ordered intercept
+        # first then newest to oldest (see impute_left_padding); set by its ridge fit and saved
+        # with the weights. The identity reads the left padding as 0, the row's mean.
+        self.register_buffer("padding_factor", torch.eye(c.context_length + 1))
         self.naive_head = None
         if self.linear_start is not None and c.naive_head:
             maps = naive_forecast_maps(c.context_length, c.prediction_length, c.season_length or 1)
@@ -221,7 +260,8 @@ class PatchTransformer(nn.Module):
         """(B, L) normalised context -> (B, L) with its gaps filled, as the linear start reads
         it in training, in its ridge fit and in prediction."""
         # season_length is None only in a model saved before the field existed: last value.
-        return fill_gaps(x, observed, self.config.season_length or 1)
+        filled = fill_gaps(x, observed, self.config.season_length or 1)
+        return impute_left_padding(filled, observed, self.padding_factor.to(filled.dtype))
 
     def _naive_weights(self, outputs: torch.Tensor) -> torch.Tensor:
         """(B, M, K or 1 + K) naive head outputs -> (B, M, K) weights of the naive forecasts,

@@ -25,7 +25,7 @@ import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -191,6 +191,9 @@ class LinearStartFit:
 
     ridge: float  # strength, a multiple of the number of windows (LINEAR_START_RIDGES)
     prior: str  # the map it is shrunk towards, a key of `naive_forecast_maps`
+    # (L + 1, L + 1) Cholesky factor of the fit's ridge Gram matrix, for the model's
+    # padding_factor (see impute_left_padding).
+    padding_factor: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
 
 @torch.no_grad()
@@ -198,6 +201,7 @@ def fit_linear_start(
     model: PatchTransformer, train: WindowSet, device: torch.device
 ) -> LinearStartFit:
     """Ridge-fit the linear start on normalised training windows; start the heads from it.
+    The factor for imputing left padding is returned, not installed (see train_model).
 
     The ridge shrinks the map towards a naive forecast (`naive_forecast_maps`, its prior): the
     context's mean, its last value, its last season or its last value with drift. The prior and the
@@ -221,6 +225,7 @@ def fit_linear_start(
         origins = evenly_spaced(train.origins, LINEAR_START_WINDOWS)
     batch = gather_windows(panel, origins, mc.context_length, mc.prediction_length).to(device)
     x, stats = model.scaler(batch.past_values, batch.past_observed_mask, torch.float64)
+    model.padding_factor.copy_(torch.eye(mc.context_length + 1))  # the padding read as 0
     x = model.linear_start_input(x, batch.past_observed_mask)
     target = _normalized_target(batch, stats).double()
     observed = batch.future_observed_mask
@@ -258,6 +263,11 @@ def fit_linear_start(
     )  # (L + 1, H)
     model.linear_start.weight.copy_(solution[:-1].T)
     model.linear_start.bias.copy_(solution[-1])
+    # Intercept first, then the lags from the newest to the oldest (see impute_left_padding);
+    # per window, so that the factor's scale does not grow with the number of windows.
+    order = torch.arange(mc.context_length, -1, -1, device=device)  # intercept, newest..oldest
+    shrunk = (gram + ridge * len(design) * eye) / len(design)
+    padding_factor = torch.linalg.cholesky(shrunk[order][:, order])
     if model.quantile_head is not None:
         # Start the intervals at the linear fit's residual quantiles, not at zero width.
         residuals = (target - design @ solution)[observed]
@@ -267,7 +277,7 @@ def fit_linear_start(
         nn.init.zeros_(model.quantile_head.weight)
         # The head's outputs are laid out (P, Q), quantile fastest.
         model.quantile_head.bias.copy_(offsets.repeat(mc.patch))
-    return LinearStartFit(ridge, prior_name)
+    return LinearStartFit(ridge, prior_name, padding_factor)
 
 
 def _blocked_folds(series: np.ndarray, n_folds: int) -> np.ndarray:
@@ -434,6 +444,11 @@ def train_model(
             start.ridge,
             start.prior,
         )
+    # Training, validation and calibration read the left padding as 0 (the row's mean); the
+    # trained model imputes it (impute_left_padding). Trained on imputed drafts, M4 Hourly
+    # validated as well but forecast its holdout worse (docs/model-choices.md).
+    padding_factor = model.padding_factor.clone() if start is None else start.padding_factor
+    model.padding_factor.copy_(torch.eye(mc.context_length + 1))
     train_module: nn.Module = model
     if world.enabled:
         train_module = nn.parallel.DistributedDataParallel(
@@ -591,6 +606,7 @@ def train_model(
                 ),
             )
     model.interval_scale.copy_(torch.tensor(interval_scale))
+    model.padding_factor.copy_(padding_factor)
     return TrainResult(
         epochs=history,
         best_epoch=best_epoch,

@@ -115,6 +115,29 @@ def test_save_load_predicts_bit_identically(fitted, series, tmp_path):
     )
 
 
+def test_short_histories_are_imputed_and_a_model_saved_before_that_loads(series, tmp_path):
+    """A history shorter than the context forecasts alike after save -> load; a model saved
+    before the left padding was imputed has no factor and reads its padding as 0, as it did."""
+    model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN)).fit(series)
+    eye = torch.eye(TINY_MODEL["context_length"] + 1)
+    assert not torch.equal(model.model.padding_factor, eye)  # the fit installed its factor
+    short = series.groupby("unique_id").tail(20)  # 20 of the 32 context steps
+    model.save(tmp_path / "model")
+    reloaded = Forecaster.load(tmp_path / "model")
+    imputed = model.predict(short)
+    pd.testing.assert_frame_equal(reloaded.predict(short), imputed, check_exact=True)
+
+    model.model.padding_factor.copy_(eye)
+    as_zero = model.predict(short)
+    assert not np.allclose(as_zero["mean"], imputed["mean"])
+    model.save(tmp_path / "older")
+    weights_file = tmp_path / "older" / "model.safetensors"
+    weights = {k: v for k, v in load_file(weights_file).items() if k != "padding_factor"}
+    save_file(weights, weights_file)
+    older = Forecaster.load(tmp_path / "older")
+    pd.testing.assert_frame_equal(older.predict(short), as_zero, check_exact=True)
+
+
 @pytest.mark.parametrize("freq", ["W-SUN", "MS", "QE", "YS", "B"])
 def test_save_load_on_anchored_frequencies(freq, tmp_path):
     """The reference history saved beside the weights lies on the data's grid."""

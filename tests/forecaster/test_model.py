@@ -237,6 +237,46 @@ def test_linear_start_is_the_least_squares_fit(tiny_config):
     torch.testing.assert_close(output.mean, output.draft, rtol=0, atol=5e-3)
 
 
+@pytest.mark.parametrize("observed_steps", [1, 5, 31])
+def test_a_short_history_is_drafted_by_the_ridge_fit_on_its_observed_lags(
+    tiny_config, observed_steps
+):
+    """A series shorter than the context gets the draft of the linear start refitted on the
+    lags it has (same windows, ridge and prior), not the full map reading its padding as 0."""
+    rng = np.random.default_rng(2)
+    steps = np.arange(200)
+    phase = rng.uniform(0, 6, size=(12, 1))
+    values = np.sin(2 * np.pi * steps / 8 + phase) + 0.3 * rng.normal(size=(12, 200))
+    panel = _panel(values.cumsum(axis=1) * 0.1 + values)
+    config, h = tiny_config, tiny_config.prediction_length
+    length = config.context_length
+    origins = panel.window_origins(h, min_context=length)
+    model = PatchTransformer(config).eval()
+    fit = fit_linear_start(model, WindowSet(panel, origins), torch.device("cpu"))
+    model.padding_factor.copy_(fit.padding_factor)  # as train_model installs it
+
+    batch = gather_windows(panel, origins, length, h)
+    x, stats = model.scaler(batch.past_values, batch.past_observed_mask, torch.float64)
+    design = torch.cat([x, torch.ones_like(x[:, :1])], dim=1)
+    target = (batch.future_values - stats.loc) / stats.scale
+    prior = naive_forecast_maps(length, h, config.season_length or 1)[fit.prior]
+    shrink = fit.ridge * len(design)
+    kept = torch.cat([torch.arange(length - observed_steps, length), torch.tensor([length])])
+    gram = design.T @ design + shrink * torch.eye(length + 1, dtype=torch.float64)
+    moment = design.T @ target + shrink * prior
+    refitted = torch.linalg.solve(gram[kept][:, kept], moment[kept])  # (n + 1, H)
+
+    past = batch.past_values[:4].clone()
+    mask = batch.past_observed_mask[:4].clone()
+    mask[:, : length - observed_steps] = False
+    past[~mask] = 1e6  # padding is invisible
+    with torch.no_grad():
+        output, _ = model(past, mask)
+    short, _ = model.scaler(past, mask, torch.float64)
+    expected = torch.cat([short[:, -observed_steps:], torch.ones(4, 1)], dim=1) @ refitted
+    torch.testing.assert_close(output.draft.double(), expected, rtol=1e-4, atol=1e-4)
+
+
 def test_linear_start_ridge_is_chosen_by_cross_validation(tiny_config):
     """When the future is unrelated to the past, cross-validation picks the most shrinkage,
     towards the context's mean."""

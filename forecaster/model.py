@@ -213,8 +213,9 @@ class PatchTransformer(nn.Module):
             nn.Linear(c.context_length, c.prediction_length) if c.linear_start else None
         )
         # The Cholesky factor of the linear start's ridge Gram matrix, lags ordered intercept
-        # first then newest to oldest (see impute_left_padding); set by its ridge fit and saved
-        # with the weights. The identity reads the left padding as 0, the row's mean.
+        # first then newest to oldest (see impute_left_padding); installed by train_model once
+        # training ends and saved with the weights. The identity, what training reads with,
+        # reads the left padding as 0, the row's mean.
         self.register_buffer("padding_factor", torch.eye(c.context_length + 1))
         self.naive_head = None
         if self.linear_start is not None and c.naive_head:
@@ -257,8 +258,9 @@ class PatchTransformer(nn.Module):
         return x.reshape(x.shape[0], c.n_horizon_tokens, -1)  # (B, M, P * C)
 
     def linear_start_input(self, x: torch.Tensor, observed: torch.Tensor) -> torch.Tensor:
-        """(B, L) normalised context -> (B, L) with its gaps filled, as the linear start reads
-        it in training, in its ridge fit and in prediction."""
+        """(B, L) normalised context -> (B, L) with its gaps filled and its left padding
+        imputed by `padding_factor`, as the linear start reads it (training runs with the
+        identity: the padding read as 0)."""
         # season_length is None only in a model saved before the field existed: last value.
         filled = fill_gaps(x, observed, self.config.season_length or 1)
         return impute_left_padding(filled, observed, self.padding_factor.to(filled.dtype))

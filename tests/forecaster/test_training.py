@@ -331,6 +331,20 @@ def test_each_band_of_history_gets_the_factor_that_holds_80_percent_there(series
     assert any(closer), scales
 
 
+def test_intervals_are_calibrated_on_the_forecasts_users_get(series):
+    """Short histories are forecast with their padding imputed, so their bands are calibrated
+    on imputed forecasts: calibrating the fitted model again chooses the factors fit chose."""
+    config = TrainConfig(**{**TINY_TRAIN, "tail_epochs": 0})  # the model calibration saw
+    model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
+    mc = model.model_config
+    assert not torch.equal(model.model.padding_factor, torch.eye(mc.context_length + 1))
+    panel = SeriesPanel.from_validated(validate_long_frame(series), mc)
+    _, val = _hold_out_tail(panel, mc.prediction_length)
+    model.model.interval_scale.fill_(1.0)
+    again = calibrate_intervals(model.model, val, model.train_config, torch.device("cpu"))
+    assert again == model.train_result.interval_scale
+
+
 def test_a_narrow_band_is_widened_until_it_holds_80_percent(series):
     """The 0.1-0.9 band of a model whose intervals were learned too narrow (halved here) is
     widened until it holds 80 % of the validation targets, within one grid step."""

@@ -646,7 +646,16 @@ def main(argv: list[str] | None = None) -> int:
                     None,
                 )
         for pattern, gappy in damaged.items():
-            add(f"ours (seed {seed}), {pattern}", predict_ours(forecaster, gappy), None, gappy)
+            predicted = forecaster.predict(long_frame(gappy))
+            add(
+                f"ours (seed {seed}), {pattern}",
+                forecasts_from_frame(gappy, predicted, "mean"),
+                None,
+                gappy,
+                **calibration(
+                    gappy, predicted, forecaster.quantiles, forecaster.model_config.context_length
+                ),
+            )
     for pattern, gappy in damaged.items():
         add(f"seasonal naive, {pattern}", seasonal_naive(gappy), None, gappy)
     if not (args.no_peers or args.short_and_gappy):

@@ -245,6 +245,10 @@ def test_daily_runs_end_to_end_against_naive2_on_the_same_split(daily_csvs, tmp_
     } <= set(rows)
     assert all(np.isfinite(r["owa"]) for r in rows.values())
     assert rows["Naive2 (same split)"]["owa"] == 1.0
+    # Intervals are scored on damaged histories too, by the band of history they fall in.
+    cut = rows["ours (seed 0), history cut to 14 points (half the context)"]
+    assert 0 <= cut["band_coverage"]["0.1-0.9"] <= 1
+    assert list(cut["band_coverage_by_history"]) == ["up_to_L/2"]
     printed = capsys.readouterr().out
     assert (
         "Daily-train.csv (M4 Daily protocol), 3 series, horizon 14, scored on the test file"

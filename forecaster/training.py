@@ -444,10 +444,12 @@ def train_model(
             start.ridge,
             start.prior,
         )
-    # Training and validation read the left padding as 0 (the row's mean); the trained model
-    # imputes it (impute_left_padding). Trained on imputed drafts, M4 Hourly validated as well
-    # but forecast its holdout worse (docs/model-choices.md).
+    # Training and validation read the left padding as 0 (the row's mean); with
+    # `impute_padding` the trained model imputes it (impute_left_padding). Trained on imputed
+    # drafts, M4 Hourly validated as well but forecast its holdout worse (docs/model-choices.md).
     padding_factor = model.padding_factor.clone() if start is None else start.padding_factor
+    if not config.impute_padding:
+        padding_factor = torch.eye(mc.context_length + 1)
     model.padding_factor.copy_(torch.eye(mc.context_length + 1))
     train_module: nn.Module = model
     if world.enabled:
@@ -593,7 +595,7 @@ def train_model(
     elif average is not None:
         average.copy_to_model()
     model.eval()
-    # The intervals are calibrated on the forecasts users get: short histories imputed.
+    # The intervals are calibrated on the forecasts users get (short histories imputed or not).
     model.padding_factor.copy_(padding_factor)
     interval_scale = config.interval_scale or (1.0,) * N_HISTORY_BANDS
     if model.quantile_head is not None and config.interval_scale is None and has_val:

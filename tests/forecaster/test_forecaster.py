@@ -116,10 +116,14 @@ def test_save_load_predicts_bit_identically(fitted, series, tmp_path):
 
 
 def test_short_histories_are_imputed_and_a_model_saved_before_that_loads(series, tmp_path):
-    """A history shorter than the context forecasts alike after save -> load; a model saved
-    before the left padding was imputed has no factor and reads its padding as 0, as it did."""
-    model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN)).fit(series)
+    """With `impute_padding` a history shorter than the context forecasts alike after save ->
+    load; a model saved before the left padding could be imputed has no factor and reads its
+    padding as 0, as it did, and so does a model fitted with the default."""
     eye = torch.eye(TINY_MODEL["context_length"] + 1)
+    default = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN)).fit(series)
+    assert torch.equal(default.model.padding_factor, eye)
+    config = TrainConfig(**TINY_TRAIN, impute_padding=True)
+    model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
     assert not torch.equal(model.model.padding_factor, eye)  # the fit installed its factor
     short = series.groupby("unique_id").tail(20)  # 20 of the 32 context steps
     model.save(tmp_path / "model")

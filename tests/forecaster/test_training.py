@@ -332,9 +332,11 @@ def test_each_band_of_history_gets_the_factor_that_holds_80_percent_there(series
 
 
 def test_intervals_are_calibrated_on_the_forecasts_users_get(series):
-    """Short histories are forecast with their padding imputed, so their bands are calibrated
-    on imputed forecasts: calibrating the fitted model again chooses the factors fit chose."""
-    config = TrainConfig(**{**TINY_TRAIN, "tail_epochs": 0})  # the model calibration saw
+    """With `impute_padding` short histories are forecast with their padding imputed, so their
+    bands are calibrated on imputed forecasts: calibrating the fitted model again chooses the
+    factors fit chose."""
+    # tail_epochs=0: the model calibration saw.
+    config = TrainConfig(**{**TINY_TRAIN, "tail_epochs": 0, "impute_padding": True})
     model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
     mc = model.model_config
     assert not torch.equal(model.model.padding_factor, torch.eye(mc.context_length + 1))

@@ -214,8 +214,8 @@ class PatchTransformer(nn.Module):
         )
         # The Cholesky factor of the linear start's ridge Gram matrix, lags ordered intercept
         # first then newest to oldest (see impute_left_padding); installed by train_model once
-        # training ends and saved with the weights. The identity, what training reads with,
-        # reads the left padding as 0, the row's mean.
+        # training ends when TrainConfig.impute_padding is set, and saved with the weights. The
+        # identity (training's and the default's) reads the left padding as 0, the row's mean.
         self.register_buffer("padding_factor", torch.eye(c.context_length + 1))
         self.naive_head = None
         if self.linear_start is not None and c.naive_head:

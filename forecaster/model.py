@@ -263,9 +263,17 @@ class PatchTransformer(nn.Module):
         identity: the padding read as 0)."""
         # season_length is None only in a model saved before the field existed: last value.
         filled = fill_gaps(x, observed, self.config.season_length or 1)
-        if self.training:  # the factor is the identity then: skip the work on the hot path
+        # The identity (in training, and by default) leaves the padding as it is: skip the
+        # triangular solves on the hot path.
+        if self.training or not self.imputes_padding():
             return filled
         return impute_left_padding(filled, observed, self.padding_factor.to(filled.dtype))
+
+    def imputes_padding(self) -> bool:
+        """Whether `padding_factor` is a fitted factor rather than the identity (installed by
+        train_model with TrainConfig.impute_padding)."""
+        factor = self.padding_factor
+        return bool(factor.count_nonzero() != len(factor) or (factor.diagonal() != 1).any())
 
     def _naive_weights(self, outputs: torch.Tensor) -> torch.Tensor:
         """(B, M, K or 1 + K) naive head outputs -> (B, M, K) weights of the naive forecasts,

@@ -122,9 +122,11 @@ def test_short_histories_are_imputed_and_a_model_saved_before_that_loads(series,
     eye = torch.eye(TINY_MODEL["context_length"] + 1)
     default = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN)).fit(series)
     assert torch.equal(default.model.padding_factor, eye)
+    assert not default.model.imputes_padding()
     config = TrainConfig(**TINY_TRAIN, impute_padding=True)
     model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
     assert not torch.equal(model.model.padding_factor, eye)  # the fit installed its factor
+    assert model.model.imputes_padding()
     short = series.groupby("unique_id").tail(20)  # 20 of the 32 context steps
     model.save(tmp_path / "model")
     reloaded = Forecaster.load(tmp_path / "model")

@@ -266,14 +266,16 @@ class TrainConfig:
     tail_epochs: int = 1
     # Forecast a history shorter than the context with its left padding imputed by its linear
     # regression on the observed steps, under the linear start's ridge Gram matrix, so that its
-    # draft is the ridge fit on the lags it has (impute_left_padding); off: the padding is read
-    # as the window mean, as in training. On for a model trained on long series that forecasts
-    # new, shorter ones: M4 Hourly cut to 335 / 312 / 168 points, holdout OWA 0.478 / 0.507 /
-    # 0.531 -> 0.449 / 0.472 / 0.519. Off by default: on catalogues that train on their short
-    # series too it is level or worse (weekly sMAPE 9.11 -> 9.31, M3 Other OWA 0.805 -> 0.810),
-    # and validation windows cut short are level on M4 and prefer the mean on the weekly
-    # catalogue (docs/model-choices.md, Histories cut short at forecast time).
-    impute_padding: bool = False
+    # draft is the ridge fit on the lags it has (impute_left_padding), or read as the window
+    # mean, as in training. One choice per band of HISTORY_EDGES, like interval_scale; one bool
+    # is the same choice for all. None: after training, each band imputes where that lowers the
+    # point loss of its validation windows with padding (plus longer ones cut into the band
+    # when it has too few; choose_padding_imputation), and reads the mean without validation;
+    # a refit replays the evaluated run's (TrainResult.impute_padding). Imputing everywhere
+    # helps a model trained on long series that forecasts new, shorter ones (M4 Hourly cut to
+    # 335 / 312 points, holdout OWA 0.478 / 0.507 -> 0.449 / 0.472) and costs catalogues that
+    # train on their short series (weekly sMAPE 9.11 -> 9.31): docs/model-choices.md.
+    impute_padding: bool | tuple[bool, ...] | None = None
     # Factors on the quantiles' offsets from the point forecast, one per band of
     # HISTORY_EDGES (a window that sees at most L/32 of history first, more than L/2 last); one
     # number is the same factor for all. None: after training, for each band the factor (of a
@@ -358,6 +360,19 @@ class TrainConfig:
                 self.interval_scale,
             )
             object.__setattr__(self, "interval_scale", tuple(float(f) for f in scales))
+        if self.impute_padding is not None:
+            choice = self.impute_padding
+            if isinstance(choice, bool):
+                choice = (choice,) * N_HISTORY_BANDS
+            _check(
+                isinstance(choice, tuple)
+                and len(choice) == N_HISTORY_BANDS
+                and all(isinstance(c, bool) for c in choice),
+                "impute_padding",
+                f"None, a bool or {N_HISTORY_BANDS} of them",
+                self.impute_padding,
+            )
+            object.__setattr__(self, "impute_padding", choice)
         _check(self.grad_clip >= 0, "grad_clip", ">= 0", self.grad_clip)
         _check(0.0 <= self.ema_decay < 1.0, "ema_decay", "in [0, 1)", self.ema_decay)
         for name in ("outage_probability", "frequency_mask_probability", "frequency_mask_rate"):

@@ -235,14 +235,15 @@ class Forecaster:
 
     def refit_config(self) -> TrainConfig:
         """The TrainConfig that retrains this fitted model's configuration on all the data along
-        the path validation kept (`replay_lr_factors`), with its interval factors; with no
-        kept epoch, the linear start alone."""
+        the path validation kept (`replay_lr_factors`), with its interval factors and its
+        reading of the left padding; with no kept epoch, the linear start alone."""
         result = self.train_result
         return dataclasses.replace(
             self.train_config,
             replay_lr_factors=result.kept_lr_factors if result else (),
             max_epochs=0,
             interval_scale=result.interval_scale if result else None,
+            impute_padding=result.impute_padding if result else None,
         )
 
     def _train_on_tail(self, panel: SeriesPanel, judged: TrainResult) -> TrainResult:
@@ -256,6 +257,7 @@ class Forecaster:
             replay_lr_factors=(judged.kept_lr_factors[-1],) * config.tail_epochs,
             max_epochs=0,
             interval_scale=judged.interval_scale,
+            impute_padding=judged.impute_padding,
         )
         windows = WindowSet(panel, panel.window_origins(self.model_config.prediction_length))
         logger.info(
@@ -588,8 +590,11 @@ class Forecaster:
         if model.naive_head is not None and "naive_head.weight" not in state:
             state["naive_head.weight"] = torch.zeros_like(model.naive_head.weight)
             state["naive_head.bias"] = torch.zeros_like(model.naive_head.bias)
-        # One saved before the left padding was imputed read it as 0: the identity.
+        # One saved before the left padding was imputed read it as 0: the identity. One saved
+        # before the choice was made per band of history imputed in every band (its factor
+        # the identity when it did not impute at all).
         state.setdefault("padding_factor", model.padding_factor.clone())
+        state.setdefault("padding_imputed", torch.ones_like(model.padding_imputed))
         model.load_state_dict(state)
         forecaster.model = model.to(forecaster.device).eval()
         reference_file = path / REFERENCE_FILE

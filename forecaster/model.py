@@ -100,7 +100,10 @@ def fill_gaps(x: torch.Tensor, observed: torch.Tensor, season: int = 1) -> torch
 
 
 def impute_left_padding(
-    x: torch.Tensor, observed: torch.Tensor, factor: torch.Tensor
+    x: torch.Tensor,
+    observed: torch.Tensor,
+    factor: torch.Tensor,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(B, L) gap-filled context -> (B, L) with the steps before each row's first observation
     replaced by their linear regression on the steps after it.
@@ -114,11 +117,14 @@ def impute_left_padding(
     its observed lags alone does (G_oo w_o + G_om w_m = b_o): a series shorter than the
     context gets the draft of a linear start fitted for its length, where reading the padding
     as the mean moved the draft (M4 Hourly, one point short: docs/model-choices.md). Rows
-    without padding, or without any observation, are returned as they are.
+    without padding, without any observation, or outside `rows` (B,) bool are returned as
+    they are.
     """
     batch, length = x.shape
     first = observed.to(torch.int8).argmax(dim=1)  # (B,) index of the first observed step
     padded = (first > 0) & observed.any(dim=1)
+    if rows is not None:
+        padded = padded & rows
     if not padded.any():
         return x
     rows = x[padded]
@@ -214,9 +220,13 @@ class PatchTransformer(nn.Module):
         )
         # The Cholesky factor of the linear start's ridge Gram matrix, lags ordered intercept
         # first then newest to oldest (see impute_left_padding); installed by train_model once
-        # training ends when TrainConfig.impute_padding is set, and saved with the weights. The
-        # identity (training's and the default's) reads the left padding as 0, the row's mean.
+        # training ends, and saved with the weights. The identity (training's) reads the left
+        # padding as 0, the row's mean.
         self.register_buffer("padding_factor", torch.eye(c.context_length + 1))
+        # Per band of history (see history_band), whether a forecast imputes its left padding
+        # with padding_factor or reads it as the mean; chosen on the validation windows by
+        # train_model (see forecaster.training.choose_padding_imputation), saved with the weights.
+        self.register_buffer("padding_imputed", torch.zeros(N_HISTORY_BANDS, dtype=torch.bool))
         self.naive_head = None
         if self.linear_start is not None and c.naive_head:
             maps = naive_forecast_maps(c.context_length, c.prediction_length, c.season_length or 1)
@@ -258,22 +268,23 @@ class PatchTransformer(nn.Module):
         return x.reshape(x.shape[0], c.n_horizon_tokens, -1)  # (B, M, P * C)
 
     def linear_start_input(self, x: torch.Tensor, observed: torch.Tensor) -> torch.Tensor:
-        """(B, L) normalised context -> (B, L) with its gaps filled and its left padding
-        imputed by `padding_factor`, as the linear start reads it (training runs with the
-        identity: the padding read as 0)."""
+        """(B, L) normalised context -> (B, L) with its gaps filled and, in the bands of
+        history of `padding_imputed`, its left padding imputed by `padding_factor`, as the
+        linear start reads it (training reads the padding as 0)."""
         # season_length is None only in a model saved before the field existed: last value.
         filled = fill_gaps(x, observed, self.config.season_length or 1)
-        # The identity (in training, and by default) leaves the padding as it is: skip the
-        # triangular solves on the hot path.
+        # Without imputation (in training, or in no band) skip the triangular solves.
         if self.training or not self.imputes_padding():
             return filled
-        return impute_left_padding(filled, observed, self.padding_factor.to(filled.dtype))
+        rows = self.padding_imputed[history_band(observed)]  # (B,)
+        return impute_left_padding(filled, observed, self.padding_factor.to(filled.dtype), rows)
 
     def imputes_padding(self) -> bool:
-        """Whether `padding_factor` is a fitted factor rather than the identity (installed by
-        train_model with TrainConfig.impute_padding)."""
+        """Whether some band of history imputes its padding with a fitted factor (not the
+        identity, which reads the padding as the mean)."""
         factor = self.padding_factor
-        return bool(factor.count_nonzero() != len(factor) or (factor.diagonal() != 1).any())
+        fitted = factor.count_nonzero() != len(factor) or (factor.diagonal() != 1).any()
+        return bool(fitted and self.padding_imputed.any())
 
     def _naive_weights(self, outputs: torch.Tensor) -> torch.Tensor:
         """(B, M, K or 1 + K) naive head outputs -> (B, M, K) weights of the naive forecasts,
@@ -389,12 +400,16 @@ def pinball_loss(
     return (loss * weight).sum() / weight.sum().clamp(min=1e-12)
 
 
+def point_loss_per_step(error: torch.Tensor, loss: str) -> torch.Tensor:
+    """(B, H) errors -> (B, H) point losses."""
+    if loss == "mse":
+        return error**2
+    if loss == "huber":
+        return F.huber_loss(error, torch.zeros_like(error), reduction="none", delta=1.0)
+    return error.abs()
+
+
 def point_loss(error: torch.Tensor, weight: torch.Tensor, loss: str) -> torch.Tensor:
     """Weighted mean of the point loss of `error` (B, H); weight (B, H) is 0 where unobserved."""
-    if loss == "mse":
-        per_step = error**2
-    elif loss == "huber":
-        per_step = F.huber_loss(error, torch.zeros_like(error), reduction="none", delta=1.0)
-    else:
-        per_step = error.abs()
+    per_step = point_loss_per_step(error, loss)
     return (per_step * weight).sum() / weight.sum().clamp(min=1e-12)

@@ -47,6 +47,7 @@ from forecaster.model import (
     naive_forecast_maps,
     pinball_loss,
     point_loss,
+    point_loss_per_step,
 )
 from forecaster.scaling import InstanceStats
 from forecaster.windows import (
@@ -119,6 +120,9 @@ class TrainResult:
     # Factors on the quantiles' offsets from the point forecast, one per band of history
     # (see calibrate_intervals).
     interval_scale: tuple[float, ...] = (1.0,) * N_HISTORY_BANDS
+    # Per band of history, whether forecasts impute the left padding (see
+    # choose_padding_imputation).
+    impute_padding: tuple[bool, ...] = (False,) * N_HISTORY_BANDS
     # The epochs the kept weights then trained on every window, the held-out tail's included
     # (TrainConfig.tail_epochs); None when there were none.
     tail: TrainResult | None = None
@@ -444,12 +448,11 @@ def train_model(
             start.ridge,
             start.prior,
         )
-    # Training and validation read the left padding as 0 (the row's mean); with
-    # `impute_padding` the trained model imputes it (impute_left_padding). Trained on imputed
-    # drafts, M4 Hourly validated as well but forecast its holdout worse (docs/model-choices.md).
+    # Training and validation read the left padding as 0 (the row's mean); once trained, the
+    # bands of history that `impute_padding` chooses impute it (impute_left_padding). Trained
+    # on imputed drafts, M4 Hourly validated as well but forecast its holdout worse
+    # (docs/model-choices.md).
     padding_factor = model.padding_factor.clone() if start is None else start.padding_factor
-    if not config.impute_padding:
-        padding_factor = torch.eye(mc.context_length + 1)
     model.padding_factor.copy_(torch.eye(mc.context_length + 1))
     train_module: nn.Module = model
     if world.enabled:
@@ -595,8 +598,22 @@ def train_model(
     elif average is not None:
         average.copy_to_model()
     model.eval()
-    # The intervals are calibrated on the forecasts users get (short histories imputed or not).
     model.padding_factor.copy_(padding_factor)
+    impute_padding = config.impute_padding or (False,) * N_HISTORY_BANDS
+    if config.impute_padding is None and has_val and model.linear_start is not None:
+        impute_padding = choose_padding_imputation(
+            model, WindowSet(val.panel, val_origins), config, device, world
+        )
+        if world.is_main:
+            logger.info(
+                "left padding: %s, chosen on the validation windows",
+                ", ".join(
+                    f"{b} {'imputed' if i else 'mean'}"
+                    for b, i in zip(HISTORY_BANDS, impute_padding, strict=True)
+                ),
+            )
+    model.padding_imputed.copy_(torch.tensor(impute_padding))
+    # The intervals are calibrated on the forecasts users get (short histories imputed or not).
     interval_scale = config.interval_scale or (1.0,) * N_HISTORY_BANDS
     if model.quantile_head is not None and config.interval_scale is None and has_val:
         interval_scale = calibrate_intervals(
@@ -625,6 +642,7 @@ def train_model(
         linear_start_prior=None if start is None else start.prior,
         kept_lr_factors=tuple(path[:best_path]),
         interval_scale=interval_scale,
+        impute_padding=impute_padding,
     )
 
 
@@ -699,6 +717,74 @@ def evaluate_loss(
     return float(total[0] / total[1].clamp(min=1))
 
 
+@dataclass(frozen=True)
+class BandSums:
+    """Per band of history, sums of a per-window measure (bands, K) and observed targets
+    (bands,): over the windows as they are, and with the copies cut into the short bands."""
+
+    natural: torch.Tensor
+    natural_targets: torch.Tensor
+    pooled: torch.Tensor
+    pooled_targets: torch.Tensor
+
+
+def _band_sums(
+    model: PatchTransformer,
+    windows: WindowSet,
+    config: TrainConfig,
+    device: torch.device,
+    world: _Distributed,
+    measure: Callable[[WindowBatch, NormalizedOutput], torch.Tensor],
+    width: int,
+    padded_only: bool = False,
+) -> BandSums:
+    """`measure` (B, K = width) summed over the windows of each band of history (`history_band`). A
+    band with fewer than CALIBRATION_MIN_TARGETS observed targets (new series seldom lend a
+    validation window) adds copies of longer windows cut to random lengths inside it
+    (`with_history`), the same lengths on every call. With `padded_only`, only windows whose
+    history is shorter than the context count, and the last band (more than L/2) is cut too,
+    to at most L - 1 steps; otherwise it holds every longer window and is never cut."""
+    mc = model.config
+    panel, origins = windows.panel, windows.origins
+    history = origins - panel.offsets[panel.series_of(origins)]  # (W,) steps before each origin
+
+    def sums(
+        batches: Iterator[tuple[WindowBatch, NormalizedOutput]],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        total = torch.zeros(N_HISTORY_BANDS, width, dtype=torch.float64, device=device)
+        targets = torch.zeros(N_HISTORY_BANDS, dtype=torch.float64, device=device)
+        for batch, output in batches:
+            band = history_band(batch.past_observed_mask)  # (B,)
+            total.index_add_(0, band, measure(batch, output).double())
+            targets.index_add_(0, band, batch.future_observed_mask.sum(dim=-1).double())
+        if world.enabled:
+            dist.all_reduce(total)
+            dist.all_reduce(targets)
+        return total, targets
+
+    natural = origins[history < mc.context_length] if padded_only else origins
+    batches = _forecast_batches(model, WindowSet(panel, natural), config, device, world)
+    inside, targets = sums(batches)
+    pooled, pooled_targets = inside.clone(), targets.clone()
+    last = mc.context_length - 1 if padded_only else None
+    bounds = [0, *(int(edge * mc.context_length) for edge in HISTORY_EDGES), last]
+    for band in range(N_HISTORY_BANDS):
+        shortest, longest = max(bounds[band] + 1, 2), bounds[band + 1]
+        if longest is None or targets[band] >= CALIBRATION_MIN_TARGETS or shortest > longest:
+            continue
+        longer = evenly_spaced(origins[history > longest], CALIBRATION_WINDOWS)
+        if len(longer) == 0:
+            continue
+        # The same lengths on every rank: each shards one draw.
+        cut_to = np.random.default_rng(band).integers(shortest, longest + 1, len(longer))
+        cut, cut_targets = sums(
+            _forecast_batches(model, WindowSet(panel, longer), config, device, world, cut_to)
+        )
+        pooled[band] += cut[band]
+        pooled_targets[band] += cut_targets[band]
+    return BandSums(inside, targets, pooled, pooled_targets)
+
+
 @torch.inference_mode()
 def calibrate_intervals(
     model: PatchTransformer,
@@ -715,11 +801,10 @@ def calibrate_intervals(
     seen, where its errors are larger; a factor chosen on held-out windows corrects that (split
     conformal calibration, as CQR does for a band). They come out narrowest where the model
     sees least, so each band of history gets its own factor, chosen on the validation windows
-    whose history falls in it. A band with fewer than CALIBRATION_MIN_TARGETS observed targets
-    there (new series seldom lend a validation window) adds copies of longer windows cut to
-    random lengths inside it (`with_history`); with still too few it takes the factor of all the
-    windows as they are. Every factor is 1 with fewer than two quantile levels or no observed
-    target. The model's own scales must be 1.
+    whose history falls in it, plus copies of longer ones cut into it when it has too few
+    (`_band_sums`); with still too few it takes the factor of all the windows as they are.
+    Every factor is 1 with fewer than two quantile levels or no observed target. The model's
+    own scales must be 1.
     """
     world = world or _Distributed()
     mc = model.config
@@ -729,58 +814,66 @@ def calibrate_intervals(
     scales = torch.tensor(INTERVAL_SCALES, dtype=torch.float64, device=device)  # (G,)
     nominal = mc.quantiles[-1] - mc.quantiles[0]
 
-    def counts(
-        batches: Iterator[tuple[WindowBatch, NormalizedOutput]],
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(bands, G) targets inside the band under each factor, (bands,) observed targets."""
-        inside = torch.zeros(N_HISTORY_BANDS, len(scales), dtype=torch.float64, device=device)
-        total = torch.zeros(N_HISTORY_BANDS, dtype=torch.float64, device=device)
-        for batch, output in batches:
-            assert output.quantiles is not None, "calibrating a model without quantiles"
-            mean = output.mean.double()  # (B, H)
-            error = _normalized_target(batch, output.stats).double() - mean  # (B, H)
-            low = output.quantiles[..., 0].double() - mean  # (B, H) offsets, sorted
-            high = output.quantiles[..., -1].double() - mean
-            observed = batch.future_observed_mask
-            hit = torch.stack(
-                [((error >= f * low) & (error <= f * high) & observed).sum(dim=-1) for f in scales]
-            ).double()  # (G, B)
-            band = history_band(batch.past_observed_mask)  # (B,)
-            inside.index_add_(0, band, hit.T)
-            total.index_add_(0, band, observed.sum(dim=-1).double())
-        if world.enabled:
-            dist.all_reduce(inside)
-            dist.all_reduce(total)
-        return inside, total
+    def hits(batch: WindowBatch, output: NormalizedOutput) -> torch.Tensor:
+        """(B, G) targets inside the band under each factor."""
+        assert output.quantiles is not None, "calibrating a model without quantiles"
+        mean = output.mean.double()  # (B, H)
+        error = _normalized_target(batch, output.stats).double() - mean  # (B, H)
+        low = output.quantiles[..., 0].double() - mean  # (B, H) offsets, sorted
+        high = output.quantiles[..., -1].double() - mean
+        observed = batch.future_observed_mask
+        return torch.stack(
+            [((error >= f * low) & (error <= f * high) & observed).sum(dim=-1) for f in scales],
+            dim=-1,
+        )
 
     def best(inside: torch.Tensor, total: torch.Tensor) -> float:
         coverage = inside / total
         return INTERVAL_SCALES[int(torch.argmin((coverage - nominal).abs()))]
 
-    inside, total = counts(_forecast_batches(model, windows, config, device, world))
-    if total.sum() == 0:
+    counts = _band_sums(model, windows, config, device, world, hits, len(scales))
+    if counts.natural_targets.sum() == 0:
         return ones
-    as_they_are = best(inside.sum(dim=0), total.sum())
-    panel, origins = windows.panel, windows.origins
-    history = origins - panel.offsets[panel.series_of(origins)]  # (W,) steps before each origin
-    bounds = [0, *(int(edge * mc.context_length) for edge in HISTORY_EDGES)]
-    factors = []
-    for band in range(N_HISTORY_BANDS):
-        band_inside, band_total = inside[band], total[band]
-        is_short = band < len(HISTORY_EDGES)  # the last band has no upper bound to cut to
-        if band_total < CALIBRATION_MIN_TARGETS and is_short:
-            shortest, longest = max(bounds[band] + 1, 2), bounds[band + 1]
-            longer = evenly_spaced(origins[history > longest], CALIBRATION_WINDOWS)
-            if shortest <= longest and len(longer):
-                # The same lengths on every rank: each shards one draw.
-                cut_to = np.random.default_rng(band).integers(shortest, longest + 1, len(longer))
-                cut_inside, cut_total = counts(
-                    _forecast_batches(
-                        model, WindowSet(panel, longer), config, device, world, cut_to
-                    )
-                )
-                band_inside = band_inside + cut_inside[band]
-                band_total = band_total + cut_total[band]
-        enough = band_total >= CALIBRATION_MIN_TARGETS
-        factors.append(best(band_inside, band_total) if enough else as_they_are)
-    return tuple(factors)
+    as_they_are = best(counts.natural.sum(dim=0), counts.natural_targets.sum())
+    return tuple(
+        best(inside, total) if total >= CALIBRATION_MIN_TARGETS else as_they_are
+        for inside, total in zip(counts.pooled, counts.pooled_targets, strict=True)
+    )
+
+
+@torch.inference_mode()
+def choose_padding_imputation(
+    model: PatchTransformer,
+    windows: WindowSet,
+    config: TrainConfig,
+    device: torch.device,
+    world: _Distributed | None = None,
+) -> tuple[bool, ...]:
+    """Per band of history (`history_band`), whether forecasts impute the left padding
+    (`impute_left_padding`) rather than read it as the mean: where imputing lowers the point
+    loss of the band's validation windows whose history is shorter than the context, plus
+    copies of longer ones cut into the band when it has too few (`_band_sums`).
+
+    Which reading forecasts better depends on the data: a model trained on long series that
+    forecasts a series one point short moves its draft when the oldest lag reads the mean
+    (M4 Hourly: 6 % of OWA), while a catalogue that trained on its short series learned its
+    corrections for the mean (docs/model-choices.md). `padding_factor` must be installed;
+    `padding_imputed` is left as it was.
+    """
+    world = world or _Distributed()
+    loss = model.config.loss
+
+    def errors(batch: WindowBatch, output: NormalizedOutput) -> torch.Tensor:
+        """(B, 1) point loss summed over each window's observed targets, in series units."""
+        unit = (output.stats.scale / batch.loss_scale).double()  # (B, 1)
+        error = (output.mean.double() - _normalized_target(batch, output.stats)) * unit
+        per_step = point_loss_per_step(error, loss) * batch.future_observed_mask
+        return per_step.sum(dim=-1, keepdim=True)
+
+    kept, losses = model.padding_imputed.clone(), []
+    for impute in (False, True):
+        model.padding_imputed.fill_(impute)
+        losses.append(_band_sums(model, windows, config, device, world, errors, 1, True).pooled)
+    model.padding_imputed.copy_(kept)
+    mean_read, imputed = losses
+    return tuple(bool(i < m) for i, m in zip(imputed[:, 0], mean_read[:, 0], strict=True))

@@ -137,4 +137,9 @@ def train(
     now = int(time.time() * 1000)
     client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in summary.items()])
     client.set_tag(run_id, "device", outcome.device)
+    if result:
+        # The bands of history whose forecasts impute their left padding (the rest read it as
+        # the window mean), as validation chose them.
+        imputed = [b for b, i in zip(HISTORY_BANDS, result.impute_padding, strict=True) if i]
+        client.set_tag(run_id, "padding_imputed", ",".join(imputed) or "none")
     return outcome

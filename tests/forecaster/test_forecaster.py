@@ -115,33 +115,49 @@ def test_save_load_predicts_bit_identically(fitted, series, tmp_path):
     )
 
 
-def test_short_histories_are_imputed_and_a_model_saved_before_that_loads(series, tmp_path):
+def test_short_histories_are_imputed_and_models_saved_before_that_load(series, tmp_path):
     """With `impute_padding` a history shorter than the context forecasts alike after save ->
-    load; a model saved before the left padding could be imputed has no factor and reads its
-    padding as 0, as it did, and so does a model fitted with the default."""
+    load, and unlike with the padding read as the mean. A model saved before the choice was
+    made per band of history imputed in every band and still does; one saved before the left
+    padding could be imputed has no factor and reads its padding as 0, as it did."""
     eye = torch.eye(TINY_MODEL["context_length"] + 1)
-    default = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN)).fit(series)
-    assert torch.equal(default.model.padding_factor, eye)
-    assert not default.model.imputes_padding()
     config = TrainConfig(**TINY_TRAIN, impute_padding=True)
     model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
     assert not torch.equal(model.model.padding_factor, eye)  # the fit installed its factor
     assert model.model.imputes_padding()
+    assert model.train_result.impute_padding == (True,) * N_HISTORY_BANDS
     short = series.groupby("unique_id").tail(20)  # 20 of the 32 context steps
     model.save(tmp_path / "model")
     reloaded = Forecaster.load(tmp_path / "model")
     imputed = model.predict(short)
     pd.testing.assert_frame_equal(reloaded.predict(short), imputed, check_exact=True)
 
-    model.model.padding_factor.copy_(eye)
+    def saved_without(key: str, name: str) -> Forecaster:
+        model.save(tmp_path / name)
+        weights_file = tmp_path / name / "model.safetensors"
+        save_file({k: v for k, v in load_file(weights_file).items() if k != key}, weights_file)
+        return Forecaster.load(tmp_path / name)
+
+    before_bands = saved_without("padding_imputed", "before_bands")
+    pd.testing.assert_frame_equal(before_bands.predict(short), imputed, check_exact=True)
+
+    model.model.padding_imputed.fill_(False)
     as_zero = model.predict(short)
     assert not np.allclose(as_zero["mean"], imputed["mean"])
-    model.save(tmp_path / "older")
-    weights_file = tmp_path / "older" / "model.safetensors"
-    weights = {k: v for k, v in load_file(weights_file).items() if k != "padding_factor"}
-    save_file(weights, weights_file)
-    older = Forecaster.load(tmp_path / "older")
-    pd.testing.assert_frame_equal(older.predict(short), as_zero, check_exact=True)
+    model.model.padding_factor.copy_(eye)
+    before_factor = saved_without("padding_factor", "before_factor")
+    pd.testing.assert_frame_equal(before_factor.predict(short), as_zero, check_exact=True)
+
+
+def test_the_reading_of_the_padding_is_chosen_on_validation_and_refits_replay_it(fitted, series):
+    """By default each band of history reads its padding as validation chose, a refit replays
+    that choice, and a model that never imputes skips the imputation."""
+    result = fitted.train_result
+    assert fitted.train_config.impute_padding is None
+    assert tuple(fitted.model.padding_imputed.tolist()) == result.impute_padding
+    assert fitted.refit_config().impute_padding == result.impute_padding
+    never = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN, impute_padding=False))
+    assert not never.fit(series).model.imputes_padding()
 
 
 @pytest.mark.parametrize("freq", ["W-SUN", "MS", "QE", "YS", "B"])

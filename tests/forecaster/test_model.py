@@ -254,6 +254,7 @@ def test_a_short_history_is_drafted_by_the_ridge_fit_on_its_observed_lags(
     model = PatchTransformer(config).eval()
     fit = fit_linear_start(model, WindowSet(panel, origins), torch.device("cpu"))
     model.padding_factor.copy_(fit.padding_factor)  # as train_model installs it
+    model.padding_imputed.fill_(True)
 
     batch = gather_windows(panel, origins, length, h)
     x, stats = model.scaler(batch.past_values, batch.past_observed_mask, torch.float64)
@@ -275,6 +276,36 @@ def test_a_short_history_is_drafted_by_the_ridge_fit_on_its_observed_lags(
     short, _ = model.scaler(past, mask, torch.float64)
     expected = torch.cat([short[:, -observed_steps:], torch.ones(4, 1)], dim=1) @ refitted
     torch.testing.assert_close(output.draft.double(), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_padding_is_imputed_in_the_chosen_bands_of_history_only(tiny_config):
+    """A row whose band of history imputes is forecast as by a model imputing in every band,
+    any other row as by one reading the padding as the mean."""
+    rng = np.random.default_rng(4)
+    panel = _panel(np.sin(np.arange(300) / 3) + 0.3 * rng.normal(size=(8, 300)))
+    config, h = tiny_config, tiny_config.prediction_length
+    origins = panel.window_origins(h, min_context=config.context_length)
+    model = PatchTransformer(config).eval()
+    fit = fit_linear_start(model, WindowSet(panel, origins), torch.device("cpu"))
+    model.padding_factor.copy_(fit.padding_factor)
+    batch = gather_windows(panel, origins[:6], config.context_length, h)
+    mask = batch.past_observed_mask.clone()
+    for row, seen in enumerate([1, 2, 4, 8, 16, 31]):  # one row in each band (L = 32)
+        mask[row, : config.context_length - seen] = False
+    bands = history_band(mask)
+    assert bands.tolist() == list(range(N_HISTORY_BANDS))
+
+    def drafts(chosen: list[bool]) -> torch.Tensor:
+        model.padding_imputed.copy_(torch.tensor(chosen))
+        with torch.no_grad():
+            return model(batch.past_values, mask)[0].draft
+
+    some = [True, False, False, True, False, True]
+    everywhere, nowhere, mixed = drafts([True] * 6), drafts([False] * 6), drafts(some)
+    chosen = torch.tensor(some)
+    torch.testing.assert_close(mixed[chosen], everywhere[chosen])
+    torch.testing.assert_close(mixed[~chosen], nowhere[~chosen])
+    assert not torch.allclose(everywhere[chosen], nowhere[chosen])
 
 
 def test_linear_start_ridge_is_chosen_by_cross_validation(tiny_config):

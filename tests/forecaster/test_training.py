@@ -21,6 +21,7 @@ from forecaster.training import (
     WindowSet,
     _WeightAverage,
     calibrate_intervals,
+    choose_padding_imputation,
     evaluate_loss,
     resolve_device,
     train_model,
@@ -345,6 +346,22 @@ def test_intervals_are_calibrated_on_the_forecasts_users_get(series):
     model.model.interval_scale.fill_(1.0)
     again = calibrate_intervals(model.model, val, model.train_config, torch.device("cpu"))
     assert again == model.train_result.interval_scale
+
+
+def test_each_band_reads_its_padding_the_way_its_validation_windows_forecast_best(series):
+    """The fit's choice is what the validation windows say for the judged model; a factor
+    that imputes nonsense is chosen in no band."""
+    config = TrainConfig(**{**TINY_TRAIN, "tail_epochs": 0})
+    model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
+    mc, cpu = model.model_config, torch.device("cpu")
+    panel = SeriesPanel.from_validated(validate_long_frame(series), mc)
+    _, val = _hold_out_tail(panel, mc.prediction_length)
+    chosen = model.train_result.impute_padding
+    assert choose_padding_imputation(model.model, val, config, cpu) == chosen
+    assert tuple(model.model.padding_imputed.tolist()) == chosen  # left as the fit chose
+    # An intercept row of 1e4 imputes the padding about 1e4 window deviations away.
+    model.model.padding_factor[1:, 0] = 1e4
+    assert choose_padding_imputation(model.model, val, config, cpu) == (False,) * N_HISTORY_BANDS
 
 
 def test_a_narrow_band_is_widened_until_it_holds_80_percent(series):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from forecaster.config import HISTORY_BANDS
 from pipelines.cli import main
 from pipelines.registry import load_version, resolve_model
 from pipelines.retrain import retrain
@@ -43,6 +44,11 @@ def test_the_promoted_configuration_is_refit_on_all_data_and_serves(tmp_path):
     for name, scale in zip(("L/32", "L/16", "L/8", "L/4", "L/2"), scales[:-1], strict=True):
         assert run.data.metrics[f"interval_scale.history_up_to_{name}"] == pytest.approx(scale)
     assert "interval_scale.history_beyond_L/2" not in run.data.metrics
+    # So does its reading of the left padding, which the run records.
+    imputed = twin.model.padding_imputed.tolist()
+    assert model.model.padding_imputed.tolist() == imputed
+    bands = [b for b, i in zip(HISTORY_BANDS, imputed, strict=True) if i]
+    assert run.data.tags["padding_imputed"] == (",".join(bands) or "none")
 
 
 def test_refit_off_keeps_the_evaluated_version_as_champion(tmp_path, data_csv, capsys):

@@ -604,14 +604,7 @@ def train_model(
         impute_padding = choose_padding_imputation(
             model, WindowSet(val.panel, val_origins), config, device, world
         )
-        if world.is_main:
-            logger.info(
-                "left padding: %s, chosen on the validation windows",
-                ", ".join(
-                    f"{b} {'imputed' if i else 'mean'}"
-                    for b, i in zip(HISTORY_BANDS, impute_padding, strict=True)
-                ),
-            )
+        _log_per_band("left padding", ["imputed" if i else "mean" for i in impute_padding], world)
     model.padding_imputed.copy_(torch.tensor(impute_padding))
     # The intervals are calibrated on the forecasts users get (short histories imputed or not).
     interval_scale = config.interval_scale or (1.0,) * N_HISTORY_BANDS
@@ -619,13 +612,7 @@ def train_model(
         interval_scale = calibrate_intervals(
             model, WindowSet(val.panel, val_origins), config, device, world
         )
-        if world.is_main:
-            logger.info(
-                "intervals: scales %s chosen on the validation windows",
-                ", ".join(
-                    f"{b} {f:.3g}" for b, f in zip(HISTORY_BANDS, interval_scale, strict=True)
-                ),
-            )
+        _log_per_band("interval scales", [f"{f:.3g}" for f in interval_scale], world)
     model.interval_scale.copy_(torch.tensor(interval_scale))
     return TrainResult(
         epochs=history,
@@ -644,6 +631,12 @@ def train_model(
         interval_scale=interval_scale,
         impute_padding=impute_padding,
     )
+
+
+def _log_per_band(what: str, values: Sequence[str], world: _Distributed) -> None:
+    if world.is_main:
+        chosen = ", ".join(f"{b} {v}" for b, v in zip(HISTORY_BANDS, values, strict=True))
+        logger.info("%s: %s, chosen on the validation windows", what, chosen)
 
 
 def _float(output: NormalizedOutput) -> NormalizedOutput:

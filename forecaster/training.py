@@ -731,10 +731,10 @@ def _band_sums(
     width: int,
     padded_only: bool = False,
 ) -> BandSums:
-    """`measure` (B, K = width) summed over the windows of each band of history (`history_band`). A
-    band with fewer than CALIBRATION_MIN_TARGETS observed targets (new series seldom lend a
-    validation window) adds copies of longer windows cut to random lengths inside it
-    (`with_history`), the same lengths on every call. With `padded_only`, only windows whose
+    """`measure` (B, K = width) summed over the windows of each band of history
+    (`history_band`). A band with fewer than CALIBRATION_MIN_TARGETS observed targets (new
+    series seldom lend a validation window) adds copies of longer windows cut to random lengths
+    inside it (`with_history`), the same lengths on every call. With `padded_only`, only windows whose
     history is shorter than the context count, and the last band (more than L/2) is cut too,
     to at most L - 1 steps; otherwise it holds every longer window and is never cut."""
     mc = model.config

@@ -39,8 +39,13 @@ class InstanceScaler(nn.Module):
         """Normalise (B, L) values whose observed steps are True in `observed` (B, L).
 
         Returns the normalised values in `dtype` (0 at unobserved steps) and the statistics.
-        A row with one observed value, or a constant row, is scaled by its level (by 1 when the
-        level is 0) instead of a zero standard deviation.
+        A row whose std is 0 cannot be scaled by it. One that has not moved over at least
+        half its context (n >= L / 2 equal observed values: a stuck meter, a fixed fee) is
+        scaled by its level / n, so it forecasts flat with a narrow band; by its level, a
+        series that had stood at 1e6 got a 0.1-0.9 band of [-4e5, 2e6]. Fewer equal values,
+        as a new series' first ones, say little of how it will move and keep the level as the
+        scale (docs/model-choices.md). An all-zero row (an intermittent series' quiet weeks)
+        is scaled by 1, the unit its counts come in.
         """
         stats = self.statistics(values, observed)
         normalized = (values - stats.loc) / stats.scale
@@ -57,7 +62,9 @@ class InstanceScaler(nn.Module):
         centered = torch.where(observed, values - loc, zeros)
         std = torch.sqrt((centered**2).sum(dim=1, keepdim=True) / count)
         level = loc.abs()
-        fallback = torch.where(level > 0, level, torch.ones_like(level))
+        stood_still = 2 * count >= values.shape[1]
+        fallback = torch.where(stood_still, level / count, level)
+        fallback = torch.where(level > 0, fallback, torch.ones_like(level))
         degenerate = std <= _RELATIVE_TOLERANCE * (1.0 + level)
         return InstanceStats(loc=loc, scale=torch.where(degenerate, fallback, std))
 

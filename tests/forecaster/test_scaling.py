@@ -1,0 +1,57 @@
+"""The instance scaler: mask-aware statistics, precision, and rows with no spread."""
+
+import pandas as pd
+import pytest
+import torch
+
+from forecaster.scaling import InstanceScaler
+
+
+def _statistics(values: list[float], observed: list[bool]):
+    stats = InstanceScaler.statistics(
+        torch.tensor([values], dtype=torch.float64), torch.tensor([observed])
+    )
+    return float(stats.loc), float(stats.scale)
+
+
+@pytest.mark.parametrize("filler", [0.0, -1e9, float("nan")])
+def test_unobserved_steps_take_no_part_in_the_statistics(filler):
+    assert _statistics([filler, 2.0, 4.0], [False, True, True]) == (3.0, 1.0)
+
+
+def test_a_series_far_from_zero_keeps_the_precision_of_its_moves():
+    values = torch.tensor([[1e9, 1e9 + 1.0, 1e9 + 2.0, 1e9 + 1.0]], dtype=torch.float64)
+    normalized, stats = InstanceScaler()(values, torch.ones_like(values, dtype=torch.bool))
+    expected = torch.tensor([[-1.0, 0.0, 1.0, 0.0]]) * (2.0**0.5)
+    torch.testing.assert_close(normalized, expected)
+    assert float(stats.scale) == pytest.approx(0.5**0.5)
+
+
+@pytest.mark.parametrize(
+    ("values", "observed", "scale"),
+    [
+        ([0.0, 7.0, 0.0], [False, True, False], 7.0),  # one value: nothing says how it varies
+        ([-2e6, -2e6, 0.0], [True, True, False], 1e6),  # n >= L / 2 equal values: level / n
+        ([5.0] * 500, [True] * 500, 0.01),
+        ([5.0] * 500, [True] * 249 + [False] * 251, 5.0),  # too few to say it stands still
+        ([0.0, 0.0, 0.0], [True, True, True], 1.0),  # all zeros: the unit of its counts
+        ([0.0, 0.0, 0.0], [False, False, False], 1.0),
+    ],
+)
+def test_a_row_without_spread_gets_a_positive_scale(values, observed, scale):
+    assert _statistics(values, observed)[1] == pytest.approx(scale)
+
+
+def test_a_series_that_stood_still_forecasts_flat_with_a_narrow_band(fitted, series):
+    """A meter stuck at 1e6 for the whole context (32 steps here) is scaled by 1e6 / 32, not by
+    its level, which gave it a band wider than the level itself."""
+    history = series[series["unique_id"] == series["unique_id"].iloc[0]].copy()
+    history["unique_id"] = "stuck"
+    history["y"] = 1e6
+    forecast = fitted.predict(pd.concat([series, history], ignore_index=True))
+    stuck = forecast[forecast["unique_id"] == "stuck"]
+    assert (stuck["mean"] - 1e6).abs().max() < 1e4
+    assert (stuck["q0.9"] - stuck["q0.1"]).max() < 1e5  # under 10 % of the level
+    assert (stuck["q0.1"] <= stuck["q0.9"]).all()
+    moving = forecast[forecast["unique_id"] != "stuck"]
+    assert (moving["q0.9"] - moving["q0.1"]).min() > 0  # the others keep their bands

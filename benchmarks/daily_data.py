@@ -13,6 +13,8 @@ synthetic, shaped like M4 Daily.
   (0.5-3 % a day, a small drift), a quarter random walks with a weekly cycle, a quarter smooth
   trends whose slope wanders (little noise, so MASE's in-sample scale is small there and
   following the trend counts).
+- `SynthRandomWalk-train.csv`: 400 random walks of the same kind alone, where the naive
+  forecast is the best there is (as on most of M4 Daily): a global model must not lose to it.
 
 The first two need `../shared/data` (ETTh1 under CC BY-ND 4.0, credit: Zhou et al., Informer,
 AAAI 2021; M4, Makridakis et al., IJF 2020): write them outside the repository and commit no
@@ -52,13 +54,18 @@ def m4_hourly_as_daily(path: Path) -> pd.DataFrame:
     return wide_frame(list(hourly), days)
 
 
-def synthetic_daily(n_series: int = 1000, seed: int = 123) -> pd.DataFrame:
-    """Seeded M4-Daily-like catalogue (see the module's docstring)."""
+KINDS = ("random walk", "weekly", "trend")
+
+
+def synthetic_daily(
+    n_series: int = 1000, seed: int = 123, shares: tuple[float, ...] = (0.5, 0.25, 0.25)
+) -> pd.DataFrame:
+    """Seeded M4-Daily-like catalogue (see the module's docstring); `shares` of KINDS."""
     rng = np.random.default_rng(seed)
     ids, histories = [], []
     for i in range(n_series):
         n = int(np.exp(rng.uniform(np.log(107), np.log(3000))))
-        kind = rng.choice(["random walk", "weekly", "trend"], p=[0.5, 0.25, 0.25])
+        kind = rng.choice(KINDS, p=list(shares))
         if kind == "random walk":
             sigma, drift = rng.uniform(0.005, 0.03), rng.normal(0, 0.0005)
             log_y = np.cumsum(rng.normal(drift, sigma, n))
@@ -87,7 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    frames = {"SynthDaily-train.csv": synthetic_daily}
+    frames = {
+        "SynthDaily-train.csv": synthetic_daily,
+        # Random walks alone: what naive forecasts best, as on most of M4 Daily.
+        "SynthRandomWalk-train.csv": lambda: synthetic_daily(400, seed=7, shares=(1, 0, 0)),
+    }
     sources = {
         "ETTh1daily-train.csv": (etth1_daily, args.shared / "ETTh1.csv"),
         "M4HourlyAsDaily-train.csv": (m4_hourly_as_daily, args.shared / "m4" / "Hourly-train.csv"),

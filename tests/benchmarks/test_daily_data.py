@@ -2,6 +2,7 @@
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from benchmarks.competition_data import wide_frame
 from benchmarks.daily_data import etth1_daily, m4_hourly_as_daily, synthetic_daily
@@ -33,8 +34,9 @@ def test_etth1_keeps_only_days_it_covers_in_full(tmp_path):
     np.testing.assert_allclose(values, [19 + 11.5, 19 + 24 + 11.5])
 
 
-def test_synthetic_catalogue_is_seeded_and_positive():
-    a, b = synthetic_daily(n_series=20), synthetic_daily(n_series=20)
+@pytest.mark.parametrize("shares", [(0.5, 0.25, 0.25), (1, 0, 0)])
+def test_synthetic_catalogue_is_seeded_and_positive(shares):
+    a, b = synthetic_daily(n_series=20, shares=shares), synthetic_daily(n_series=20, shares=shares)
     pd.testing.assert_frame_equal(a, b)
     values = a.iloc[:, 1:].to_numpy(dtype=float)
     lengths = np.isfinite(values).sum(axis=1)

@@ -103,7 +103,7 @@ def impute_left_padding(
     x: torch.Tensor,
     observed: torch.Tensor,
     factor: torch.Tensor,
-    rows: torch.Tensor | None = None,
+    selected: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(B, L) gap-filled context -> (B, L) with the steps before each row's first observation
     replaced by their linear regression on the steps after it.
@@ -117,14 +117,14 @@ def impute_left_padding(
     its observed lags alone does (G_oo w_o + G_om w_m = b_o): a series shorter than the
     context gets the draft of a linear start fitted for its length, where reading the padding
     as the mean moved the draft (M4 Hourly, one point short: docs/model-choices.md). Rows
-    without padding, without any observation, or outside `rows` (B,) bool are returned as
+    without padding, without any observation, or outside `selected` (B,) bool are returned as
     they are.
     """
     batch, length = x.shape
     first = observed.to(torch.int8).argmax(dim=1)  # (B,) index of the first observed step
     padded = (first > 0) & observed.any(dim=1)
-    if rows is not None:
-        padded = padded & rows
+    if selected is not None:
+        padded = padded & selected
     if not padded.any():
         return x
     rows = x[padded]
@@ -276,8 +276,9 @@ class PatchTransformer(nn.Module):
         # Without imputation (in training, or in no band) skip the triangular solves.
         if self.training or not self.imputes_padding():
             return filled
-        rows = self.padding_imputed[history_band(observed)]  # (B,)
-        return impute_left_padding(filled, observed, self.padding_factor.to(filled.dtype), rows)
+        selected = self.padding_imputed[history_band(observed)]  # (B,)
+        factor = self.padding_factor.to(filled.dtype)
+        return impute_left_padding(filled, observed, factor, selected)
 
     def imputes_padding(self) -> bool:
         """Whether some band of history imputes its padding with a fitted factor (not the

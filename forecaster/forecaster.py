@@ -34,6 +34,7 @@ from forecaster.config import (
 from forecaster.errors import (
     ForecasterInputError,
     HorizonTooLongError,
+    InvalidTimestampsError,
     ModelCodeMismatchError,
     SeriesTooShortError,
     UnknownQuantileError,
@@ -69,6 +70,10 @@ CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 # differently (a changed layer, scaler or time axis) is caught before it serves.
 REFERENCE_FILE = "reference.json"
 REFERENCE_TOLERANCE = 1e-3  # relative to the reference forecast's magnitude
+# Where the reference histories start, or the early start when their context and horizon
+# would run past pandas' last timestamp (2262) from the first.
+REFERENCE_START = "2020-01-06"
+EARLY_REFERENCE_START = "1700-01-04"
 # Share of each series held out for validation when fit() gets no validation frame.
 AUTO_VALIDATION_FRACTION = 0.15
 
@@ -630,7 +635,10 @@ class Forecaster:
         mc = self.model_config
         n = mc.context_length
         freq = self.freq or "h"
-        ds = regular_range("2020-01-06", n, freq)
+        try:
+            ds = regular_range(REFERENCE_START, n + mc.prediction_length, freq)[:n]
+        except InvalidTimestampsError:  # yearly data: 336 years from 2020 pass pandas' 2262
+            ds = regular_range(EARLY_REFERENCE_START, n + mc.prediction_length, freq)[:n]
         t = np.arange(n, dtype=np.float64)
         history = {
             "unique_id": np.repeat(np.array(["reference-a", "reference-b"], dtype=object), n),

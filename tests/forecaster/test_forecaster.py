@@ -171,6 +171,16 @@ def test_save_load_on_anchored_frequencies(freq, tmp_path):
     pd.testing.assert_frame_equal(reloaded.predict(data), model.predict(data), check_exact=True)
 
 
+def test_a_yearly_model_with_a_long_context_saves_and_loads(tmp_path):
+    """336 years of reference history from 2020 would pass pandas' last timestamp (2262):
+    such a model (the default context on yearly data) once could not be saved at all."""
+    data = generate_synthetic(n_series=2, n_steps=30, freq="YS", seed=0)
+    config = ModelConfig(**{**TINY_MODEL, "context_length": 336, "patch_length": 16})
+    model = Forecaster(config, TrainConfig(**{**TINY_TRAIN, "max_epochs": 0})).fit(data)
+    reloaded = Forecaster.load(model.save(tmp_path / "model"))
+    pd.testing.assert_frame_equal(reloaded.predict(data), model.predict(data), check_exact=True)
+
+
 def test_the_interval_scale_is_saved_and_a_model_saved_before_it_loads(series, tmp_path):
     config = TrainConfig(**{**TINY_TRAIN, "max_epochs": 1, "interval_scale": 1.5})
     model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)

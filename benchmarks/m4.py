@@ -55,6 +55,12 @@ window, each series' held-out validation tail included, along the path validatio
 `pipelines` serves after a promotion; `TrainConfig.tail_epochs` is the library's cheaper
 default, docs/model-choices.md).
 
+`--glitches` scores each fitted model on histories with one glitch a series, a reading ten
+times too high ("x10") or zero ("zero") at a random observed step of the last context (one
+draw for every kind, seed 0), with the library's glitch rule (`TrainConfig.glitch_threshold`,
+`forecaster.glitches`) and without it, and the clean holdout without it: what the rule
+recovers and what it costs clean histories.
+
 `--attention` scores each fitted model once more with each kind of its attention made uniform
 (`forecaster.explain`): what attention earns on the held-out points, and how peaked it is.
 
@@ -285,6 +291,28 @@ def with_gaps(
     rng = np.random.default_rng(seed)
     damage = gap_patterns(split.group, context_length)[pattern]
     return replace(split, history=[damage(h, rng) for h in split.history])
+
+
+GLITCHES: dict[str, Callable[[float], float]] = {"x10": lambda v: 10 * v, "zero": lambda v: 0 * v}
+
+
+def with_glitches(split: Split, context_length: int, seed: int = 0) -> dict[str, Split]:
+    """The split with one glitch of each kind of `GLITCHES` a series, at a random observed
+    step of its last `context_length` (none in a history of fewer than three), by kind."""
+    rng = np.random.default_rng(seed)
+    glitched = {}
+    for kind, glitch in GLITCHES.items():
+        history = []
+        for h in split.history:
+            h = h.copy()
+            start = max(0, len(h) - context_length)
+            observed = np.flatnonzero(~np.isnan(h[start:])) + start
+            if len(observed) > 2:
+                step = rng.choice(observed)
+                h[step] = glitch(h[step])
+            history.append(h)
+        glitched[kind] = replace(split, history=history)
+    return glitched
 
 
 def long_frame(split: Split) -> pd.DataFrame:
@@ -574,6 +602,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also score each fitted model with each kind of attention made uniform",
     )
     parser.add_argument(
+        "--glitches",
+        action="store_true",
+        help="also score each fitted model on histories with one glitch a series, with and "
+        "without the glitch rule",
+    )
+    parser.add_argument(
         "--refit",
         action="store_true",
         help="also score each fitted model refit on every window along its kept path",
@@ -629,6 +663,7 @@ def main(argv: list[str] | None = None) -> int:
     add("seasonal naive (same split)", seasonal_naive(split), None)
     patterns = gap_patterns(group, model_config.context_length) if args.gap_patterns else {}
     damaged = {p: with_gaps(split, p, context_length=model_config.context_length) for p in patterns}
+    glitched = with_glitches(split, model_config.context_length) if args.glitches else {}
     for seed in [] if args.no_ours else args.seeds:
         forecaster, forecast, info = run_ours(split, seed, overrides)
         if args.attention:
@@ -646,6 +681,20 @@ def main(argv: list[str] | None = None) -> int:
                     predict_ours(forecaster, split),
                     None,
                 )
+        rule = forecaster.train_config
+        for threshold in (rule.glitch_threshold, None) if glitched else ():
+            forecaster.train_config = replace(rule, glitch_threshold=threshold)
+            label = "glitch rule" if threshold is not None else "no glitch rule"
+            if threshold is None:
+                add(f"ours (seed {seed}), {label}", predict_ours(forecaster, split), None)
+            for kind, damaged_split in glitched.items():
+                add(
+                    f"ours (seed {seed}), one {kind} glitch a series, {label}",
+                    predict_ours(forecaster, damaged_split),
+                    None,
+                    damaged_split,
+                )
+        forecaster.train_config = rule
         for pattern, gappy in damaged.items():
             predicted = forecaster.predict(long_frame(gappy))
             add(

@@ -39,6 +39,7 @@ from forecaster.errors import (
     SeriesTooShortError,
     UnknownQuantileError,
 )
+from forecaster.glitches import mask_glitches
 from forecaster.model import PatchTransformer
 from forecaster.outputs import AttentionMaps, ForecastArrays, ModelOutput
 from forecaster.time_axis import (
@@ -60,7 +61,7 @@ from forecaster.training import (
     train_model,
 )
 from forecaster.validation import ValidatedFrame, validate_future_frame, validate_long_frame
-from forecaster.windows import SeriesPanel, covariate_matrix, gather_windows
+from forecaster.windows import SeriesPanel, WindowBatch, covariate_matrix, gather_windows
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +105,9 @@ class ModelInputs:
     future_covariates: torch.Tensor | None  # (S, H, F)
     last_timestamps: np.ndarray  # (S,) datetime64[ns]
     future_timestamps: np.ndarray  # (S, H) datetime64[ns], the steps after each series' end
+    # (S,) object: each series' readings read as glitches (TrainConfig.glitch_threshold), as
+    # a datetime64[ns] array, mostly empty.
+    glitch_timestamps: np.ndarray
 
     def __len__(self) -> int:
         return len(self.series_ids)
@@ -125,6 +129,7 @@ class ModelInputs:
             future_covariates=cat([p.future_covariates for p in parts]),
             last_timestamps=np.concatenate([p.last_timestamps for p in parts]),
             future_timestamps=np.concatenate([p.future_timestamps for p in parts]),
+            glitch_timestamps=np.concatenate([p.glitch_timestamps for p in parts]),
         )
 
 
@@ -322,9 +327,11 @@ class Forecaster:
             df, covariates=mc.covariates, freq=self.freq, allow_missing=True
         )
         panel = SeriesPanel.from_validated(validated, mc)
-        batch = gather_windows(panel, panel.last_origins(), mc.context_length, 0)
+        gathered = gather_windows(panel, panel.last_origins(), mc.context_length, 0)
+        batch = self._without_glitches(gathered)
         timestamps = validated.columns["ds"]
         last_timestamps = timestamps[panel.offsets[1:] - 1]
+        glitches = gathered.past_observed_mask & ~batch.past_observed_mask  # (S, L)
         future_ds = steps_after(  # (S, H)
             last_timestamps, self.freq, mc.prediction_length, panel.series_ids
         )
@@ -371,6 +378,7 @@ class Forecaster:
             future_covariates=future_cov,
             last_timestamps=last_timestamps,
             future_timestamps=future_ds,
+            glitch_timestamps=_context_timestamps(glitches.numpy(), last_timestamps, self.freq),
         )
 
     def forecast(self, inputs: ModelInputs) -> ForecastArrays:
@@ -494,7 +502,9 @@ class Forecaster:
         batch_size = self.train_config.predict_batch_size
         for begin in range(0, len(origins), batch_size):
             chunk = origins[begin : begin + batch_size]
-            batch = gather_windows(panel, chunk, mc.context_length, mc.prediction_length)
+            batch = self._without_glitches(
+                gather_windows(panel, chunk, mc.context_length, mc.prediction_length)
+            )
             output = self._forward(
                 batch.past_values,
                 batch.past_observed_mask,
@@ -576,6 +586,7 @@ class Forecaster:
         if device is not None:
             train_values["device"] = device
         model_values = dict(meta["model_config"])
+        train_values.setdefault("glitch_threshold", None)  # saved before the rule: none
         if "naive_head" in model_values:  # saved before its blend could be gates: softmax
             model_values.setdefault("naive_blend", "softmax")
         forecaster = cls(
@@ -708,6 +719,17 @@ class Forecaster:
             )
         return tuple(matched)
 
+    def _without_glitches(self, batch: WindowBatch) -> WindowBatch:
+        """The batch with its contexts' glitches masked (`TrainConfig.glitch_threshold`)."""
+        observed = mask_glitches(
+            batch.past_values, batch.past_observed_mask, self.train_config.glitch_threshold
+        )
+        return dataclasses.replace(
+            batch,
+            past_values=torch.where(observed, batch.past_values, 0.0),
+            past_observed_mask=observed,
+        )
+
     def _forward(
         self,
         past_values: torch.Tensor,
@@ -758,6 +780,22 @@ def _in_callers_types(
 
 def _frame(data: pd.DataFrame | Mapping[str, np.ndarray]) -> pd.DataFrame:
     return data if isinstance(data, pd.DataFrame) else pd.DataFrame(dict(data))
+
+
+def _context_timestamps(steps: np.ndarray, last_timestamps: np.ndarray, freq: str) -> np.ndarray:
+    """The timestamps of the context steps marked in `steps` (S, L) whose last step is at
+    `last_timestamps` (S,): (S,) object, a datetime64[ns] array per series."""
+    s, length = steps.shape
+    out = np.empty(s, dtype=object)
+    none = np.empty(0, dtype="datetime64[ns]")
+    for row in range(s):
+        out[row] = none
+    rows, cols = np.nonzero(steps)
+    if len(rows):
+        stamps = shift(last_timestamps[rows], freq, cols - (length - 1))
+        for row in np.unique(rows):
+            out[row] = stamps[rows == row]
+    return out
 
 
 def _to(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:

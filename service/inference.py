@@ -84,6 +84,7 @@ class ItemForecast:
     model: ServedModel
     arrays: ForecastArrays
     parts: FrameParts  # the request's own columns (for attention and the forecast log)
+    glitches: np.ndarray  # (S,) object: each series' readings the model read as glitches
 
     @property
     def series_ids(self) -> list[str]:
@@ -107,7 +108,12 @@ class ItemForecast:
         if len(chunks) == 1:
             return chunks[0]
         arrays = ForecastArrays.concat([c.arrays for c in chunks])
-        return ItemForecast(chunks[0].model, arrays, FrameParts.concat([c.parts for c in chunks]))
+        return ItemForecast(
+            chunks[0].model,
+            arrays,
+            FrameParts.concat([c.parts for c in chunks]),
+            np.concatenate([c.glitches for c in chunks]),
+        )
 
 
 @dataclass
@@ -316,7 +322,7 @@ def predict_items(
             rows = arrays.rows(slice(start, start + len(inputs)))
             start += len(inputs)
             try:
-                forecast = _item_forecast(item, rows, parts)
+                forecast = _item_forecast(item, rows, parts, inputs.glitch_timestamps)
                 if on_forecast is not None:
                     on_forecast(forecast)
                 results[k] = item.render(forecast) if item.render is not None else forecast
@@ -325,7 +331,9 @@ def predict_items(
     return results
 
 
-def _item_forecast(item: OnlineItem, rows: ForecastArrays, parts: FrameParts) -> ItemForecast:
+def _item_forecast(
+    item: OnlineItem, rows: ForecastArrays, parts: FrameParts, glitches: np.ndarray
+) -> ItemForecast:
     selected = rows.select(item.horizon, item.quantiles)
     bad = ~np.isfinite(selected.mean).all(axis=1) | ~np.isfinite(selected.quantiles).all(
         axis=(1, 2)
@@ -338,7 +346,7 @@ def _item_forecast(item: OnlineItem, rows: ForecastArrays, parts: FrameParts) ->
             field="values",
             series_id=sid,
         )
-    return ItemForecast(item.model, selected, parts)
+    return ItemForecast(item.model, selected, parts, glitches)
 
 
 # -- responses -------------------------------------------------------------------------------
@@ -381,6 +389,7 @@ def render_forecast(forecast: ItemForecast, horizon: int, include_attention: boo
             "timestamps": _iso(forecast.timestamps[s]),
             "mean": forecast.mean[s].tolist(),
             "quantiles": {f"{q:g}": arr[s].tolist() for q, arr in forecast.quantiles.items()},
+            "glitches": _iso(forecast.glitches[s]),
         }
         if attention is not None:
             entry["attention"] = attention.get(sid)

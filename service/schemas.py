@@ -140,6 +140,15 @@ class SeriesForecast(BaseModel):
     quantiles: dict[str, list[float]] = Field(
         description="Forecast per quantile, keyed by the quantile as text, e.g. '0.1'."
     )
+    glitches: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Timestamps of readings the model ignored as glitches: each lay far from its "
+            "neighbours (the model's glitch_threshold robust deviations from the median of its "
+            "25-step window) while both neighbours did not. Send a reading as null to have it "
+            "ignored yourself."
+        ),
+    )
     attention: AttentionOut | None = None
 
 

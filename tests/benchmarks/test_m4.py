@@ -153,6 +153,33 @@ def test_cli_scores_the_model_again_with_each_kind_of_attention_uniform(wide_csv
     assert 0 < summary["cross_entropy"] <= 1
 
 
+def test_with_glitches_changes_one_observed_reading_of_the_last_context_a_series(wide_csv):
+    split = m4.make_split(wide_csv, None, HOURLY)
+    split = replace(split, history=[*split.history, np.array([1.0, np.nan])])  # too short
+    glitched = m4.with_glitches(split, context_length=48)
+    assert list(glitched) == ["x10", "zero"]
+    for kind, damaged in glitched.items():
+        for clean, h in zip(split.history[:3], damaged.history[:3], strict=True):
+            changed = np.flatnonzero(clean != h)
+            assert len(changed) == 1 and changed[0] >= len(clean) - 48
+            assert h[changed[0]] == (10 * clean[changed[0]] if kind == "x10" else 0.0)
+        np.testing.assert_array_equal(damaged.history[3], split.history[3])
+
+
+def test_cli_scores_glitched_histories_with_and_without_the_rule(wide_csv, tmp_path):
+    out = tmp_path / "m4.json"
+    args = ["--data", str(wide_csv), "--no-peers", "--glitches", "--json", str(out)]
+    assert m4.main(args + sets("model.context_length=48", *QUICK)) == 0
+    rows = {r["model"]: r["owa"] for r in json.loads(out.read_text())["results"]}
+    assert rows["ours (seed 0), no glitch rule"] == pytest.approx(rows["ours (seed 0)"], rel=1e-3)
+    ruled = "ours (seed 0), one {} glitch a series, glitch rule"
+    raw = "ours (seed 0), one {} glitch a series, no glitch rule"
+    # Each x10 reading is found. A zero lies 5 robust deviations from its window's median
+    # where the daily cycle swings by 20 around 50: within the rule's 8, so it stays.
+    assert rows[ruled.format("x10")] < 0.5 * rows[raw.format("x10")]
+    assert rows[ruled.format("zero")] == rows[raw.format("zero")]
+
+
 # ------------------------------------------------------------------------------------------
 # the other groups
 

@@ -120,6 +120,21 @@ def test_a_bad_request_in_a_merged_batch_fails_alone(make_client, history, paylo
     assert "series_001" in detail["detail"]
 
 
+def test_a_glitch_is_ignored_and_named_in_the_response(client, payload):
+    """One reading ten times too high forecasts as if it had been sent as null, and the
+    response names its timestamp, so the caller sees which reading was not used."""
+    glitched, missing = payload("series_000"), payload("series_000")
+    step = CONTEXT - 10
+    glitched["values"][step] *= 10
+    missing["values"][step] = None
+    clean = client.post("/v1/forecast", json={"series": [payload("series_000")]}).json()
+    out = client.post("/v1/forecast", json={"series": [glitched]}).json()["forecasts"][0]
+    gap = client.post("/v1/forecast", json={"series": [missing]}).json()["forecasts"][0]
+    assert out["glitches"] == [glitched["timestamps"][step]]
+    assert clean["forecasts"][0]["glitches"] == [] and gap["glitches"] == []
+    assert out["mean"] == gap["mean"] and out["quantiles"] == gap["quantiles"]
+
+
 def test_history_longer_than_context_uses_the_latest_points(client, history, payload, fitted):
     body = {"series": [payload("series_000", n=2 * CONTEXT)]}
     out = client.post("/v1/forecast", json=body).json()

@@ -1,0 +1,140 @@
+"""Glitches: an isolated reading far from its neighbours is masked before forecasting, and
+nothing a real series does often (level shifts, spikes at the end, flat counts) is."""
+
+import copy
+import dataclasses
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from forecaster import Forecaster, TrainConfig
+from forecaster.errors import InvalidConfigError
+from forecaster.glitches import glitch_mask, mask_glitches
+
+
+def _noisy_daily_cycle(n: int = 200, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    t = np.arange(n)
+    return 100 + 10 * np.sin(2 * np.pi * t / 24) + rng.normal(0, 1, n)
+
+
+def _glitches(values: np.ndarray, observed: np.ndarray | None = None) -> list[int]:
+    x = torch.tensor(values[None], dtype=torch.float64)
+    mask = (
+        torch.ones_like(x, dtype=torch.bool) if observed is None else torch.tensor(observed[None])
+    )
+    return torch.nonzero(glitch_mask(x, mask, 8.0)[0]).flatten().tolist()
+
+
+def test_a_clean_series_has_no_glitch():
+    assert _glitches(_noisy_daily_cycle()) == []
+
+
+@pytest.mark.parametrize("factor", [10.0, 0.0, -1.0])
+def test_a_single_reading_far_from_its_neighbours_is_a_glitch(factor):
+    values = _noisy_daily_cycle()
+    values[120] *= factor
+    assert _glitches(values) == [120]
+
+
+@pytest.mark.parametrize("steps", [2, 3, 5, 30])
+def test_a_level_shift_is_not_a_glitch(steps):
+    """Two outlying steps in a row or more are the series moving, not a bad reading."""
+    values = _noisy_daily_cycle()
+    values[-steps:] += 200
+    assert _glitches(values) == []
+    values = _noisy_daily_cycle()
+    values[100 : 100 + steps] += 200
+    assert _glitches(values) == []
+
+
+def test_a_step_with_one_neighbour_must_lie_twice_as_far_out():
+    """The last reading, a series' first and one beside a gap cannot be told from the start
+    of a shift by their other side: 12 robust deviations out is a glitch between two ordinary
+    neighbours, not at an edge; 30 is one anywhere."""
+    rng = np.random.default_rng(0)
+    noise = 100 + rng.normal(0, 1, 120)  # robust deviation about 1
+    for where in (0, 60, 119):
+        for jump, glitch in ((12.0, where == 60), (30.0, True)):
+            values = noise.copy()
+            values[where] += jump
+            assert _glitches(values) == ([where] if glitch else []), (where, jump)
+    values = noise.copy()
+    values[60] += 12.0
+    observed = np.ones_like(values, dtype=bool)
+    observed[61] = False  # beside a gap
+    assert _glitches(values, observed) == []
+    values[60] += 18.0
+    assert _glitches(values, observed) == [60]
+
+
+def test_flat_counts_are_never_glitches():
+    """Where most readings equal the window's median (intermittent sales), its absolute
+    deviation is 0, and any sale would otherwise be a glitch."""
+    values = np.zeros(100)
+    values[[10, 40, 41, 77]] = [5.0, 1.0, 30.0, 2.0]
+    assert _glitches(values) == []
+
+
+def test_unobserved_steps_take_no_part_and_may_hold_anything():
+    values = _noisy_daily_cycle()
+    values[120] *= 10
+    observed = np.ones_like(values, dtype=bool)
+    observed[[50, 51, 52, 130]] = False
+    values[[50, 51, 52, 130]] = [np.nan, 1e12, -1e12, np.nan]
+    assert _glitches(values, observed) == [120]
+    observed[[119, 121]] = False  # a glitch between two gaps: no neighbour to judge it by
+    assert _glitches(values, observed) == []
+
+
+def test_no_threshold_masks_nothing():
+    values = torch.tensor(_noisy_daily_cycle()[None])
+    values[0, 120] *= 10
+    observed = torch.ones_like(values, dtype=torch.bool)
+    assert mask_glitches(values, observed, None) is observed
+    assert not mask_glitches(values, observed, 8.0)[0, 120]
+
+
+def _with_glitch(series: pd.DataFrame, value: float) -> pd.DataFrame:
+    """`series` with one reading, ten steps before the end of the first series, replaced."""
+    first = series["unique_id"] == series["unique_id"].iloc[0]
+    where = series.index[first][-10]
+    changed = series.copy()
+    changed.loc[where, "y"] = value
+    return changed
+
+
+def test_a_glitch_forecasts_as_the_same_step_missing(fitted, series):
+    """The masked glitch is read as a NaN is: the forecast is the gap's, to the digit, and far
+    from what the unmasked glitch gives."""
+    level = float(series["y"].abs().max())
+    glitched = fitted.predict(_with_glitch(series, 10 * level))
+    missing = fitted.predict(_with_glitch(series, np.nan))
+    pd.testing.assert_frame_equal(glitched, missing)
+    named = fitted.prepare(_with_glitch(series, 10 * level)).glitch_timestamps
+    assert list(named[0]) == [
+        series["ds"][series["unique_id"] == series["unique_id"].iloc[0]].iloc[-10]
+    ]
+    assert all(len(stamps) == 0 for stamps in named[1:])
+    unmasked = copy.copy(fitted)
+    unmasked.train_config = dataclasses.replace(fitted.train_config, glitch_threshold=None)
+    raw = unmasked.predict(_with_glitch(series, 10 * level))
+    assert (raw["mean"] - missing["mean"]).abs().max() > 1e-3 * level
+
+
+def test_a_model_saved_before_the_rule_loads_without_it(fitted, tmp_path):
+    path = fitted.save(tmp_path / "model")
+    meta = json.loads((path / "config.json").read_text())
+    del meta["train_config"]["glitch_threshold"]
+    (path / "config.json").write_text(json.dumps(meta))
+    assert Forecaster.load(path).train_config.glitch_threshold is None
+    assert Forecaster.load(fitted.save(tmp_path / "new")).train_config.glitch_threshold == 8.0
+
+
+@pytest.mark.parametrize("threshold", [0.0, -1.0, float("inf"), float("nan")])
+def test_the_threshold_must_be_positive_and_finite(threshold):
+    with pytest.raises(InvalidConfigError, match="glitch_threshold"):
+        TrainConfig(glitch_threshold=threshold)

@@ -41,7 +41,7 @@ from forecaster.errors import (
 )
 from forecaster.glitches import mask_glitches
 from forecaster.model import PatchTransformer
-from forecaster.outputs import AttentionMaps, ForecastArrays, ModelOutput
+from forecaster.outputs import AttentionMaps, ForecastArrays, ModelOutput, no_glitches
 from forecaster.time_axis import (
     patch_length_for,
     regular_range,
@@ -407,7 +407,13 @@ class Forecaster:
         if not means:
             q = np.zeros((0, h, len(levels)))
         return ForecastArrays(
-            inputs.series_ids, inputs.last_timestamps, inputs.future_timestamps, mean, q, levels
+            inputs.series_ids,
+            inputs.last_timestamps,
+            inputs.future_timestamps,
+            mean,
+            q,
+            levels,
+            inputs.glitch_timestamps,
         )
 
     def attention(
@@ -785,11 +791,8 @@ def _frame(data: pd.DataFrame | Mapping[str, np.ndarray]) -> pd.DataFrame:
 def _context_timestamps(steps: np.ndarray, last_timestamps: np.ndarray, freq: str) -> np.ndarray:
     """The timestamps of the context steps marked in `steps` (S, L) whose last step is at
     `last_timestamps` (S,): (S,) object, a datetime64[ns] array per series."""
-    s, length = steps.shape
-    out = np.empty(s, dtype=object)
-    none = np.empty(0, dtype="datetime64[ns]")
-    for row in range(s):
-        out[row] = none
+    length = steps.shape[1]
+    out = no_glitches(len(steps))
     rows, cols = np.nonzero(steps)
     if len(rows):
         stamps = shift(last_timestamps[rows], freq, cols - (length - 1))

@@ -13,6 +13,15 @@ import torch
 from forecaster.data import quantile_column
 
 
+def no_glitches(n_series: int) -> np.ndarray:
+    """`ForecastArrays.glitches` for `n_series` series none of which had a glitch."""
+    out = np.empty(n_series, dtype=object)
+    none = np.empty(0, dtype="datetime64[ns]")
+    for row in range(n_series):
+        out[row] = none
+    return out
+
+
 @dataclass(frozen=True)
 class ModelOutput:
     """What `PatchTransformer.forward` returns, in the input's scale.
@@ -56,6 +65,10 @@ class ForecastArrays:
     mean: np.ndarray  # (S, H) float64
     quantiles: np.ndarray  # (S, H, Q) float64; Q = len(levels), may be 0
     levels: tuple[float, ...]  # the quantile level of each slice of `quantiles`
+    # (S,) object: per series, the timestamps (a datetime64[ns] array, mostly empty) of the
+    # readings the forecast did not use because they were read as glitches
+    # (`TrainConfig.glitch_threshold`).
+    glitches: np.ndarray
 
     def __len__(self) -> int:
         return len(self.series_ids)
@@ -69,6 +82,7 @@ class ForecastArrays:
             self.mean[index],
             self.quantiles[index],
             self.levels,
+            self.glitches[index],
         )
 
     def select(self, horizon: int, levels: Sequence[float]) -> ForecastArrays:
@@ -81,6 +95,7 @@ class ForecastArrays:
             self.mean[:, :horizon],
             self.quantiles[:, :horizon, picks],
             tuple(levels),
+            self.glitches,
         )
 
     @staticmethod
@@ -95,6 +110,7 @@ class ForecastArrays:
             np.concatenate([p.mean for p in parts]),
             np.concatenate([p.quantiles for p in parts]),
             parts[0].levels,
+            np.concatenate([p.glitches for p in parts]),
         )
 
     def to_frame(self) -> pd.DataFrame:
@@ -122,3 +138,19 @@ class ForecastArrays:
         for k, level in enumerate(self.levels):
             out[quantile_column(level)] = pa.array(self.quantiles[:, :, k].reshape(s * h))
         return pa.table(out)
+
+    def glitch_frame(self) -> pd.DataFrame:
+        """Long frame `unique_id, ds`: one row per reading read as a glitch, series by series
+        in time order (empty when there is none)."""
+        counts = np.fromiter((len(g) for g in self.glitches), dtype=np.int64, count=len(self))
+        stamps = (
+            np.concatenate(list(self.glitches))
+            if counts.sum()
+            else np.empty(0, dtype="datetime64[ns]")
+        )
+        return pd.DataFrame(
+            {
+                "unique_id": pd.array(np.repeat(self.series_ids, counts), dtype="string"),
+                "ds": stamps.astype("datetime64[ns]"),
+            }
+        )

@@ -316,6 +316,11 @@ def predict_command(args: argparse.Namespace) -> int:
                 field="quantiles",
             ) from None
     if args.engine == "spark":
+        if args.glitches:
+            raise InvalidConfigError(
+                "--glitches: the spark engine does not list glitches; use --engine local",
+                field="glitches",
+            )
         from pipelines.spark import predict_spark  # pyspark only when asked for
 
         summary = predict_spark(
@@ -343,6 +348,7 @@ def predict_command(args: argparse.Namespace) -> int:
             time_column=settings.time_column,
             progress=not args.no_progress,
             forecast_log=None if args.no_forecast_log else settings.forecast_log,
+            glitches_output=args.glitches,
         )
     model = f"{summary.model.name} v{summary.model.version}" if summary.model else args.model
     inputs = "" if summary.n_input_rows is None else f" ({summary.n_input_rows} input rows)"
@@ -350,6 +356,16 @@ def predict_command(args: argparse.Namespace) -> int:
         f"wrote {summary.n_output_rows} forecast rows for {summary.n_series} series{inputs} "
         f"with {model} to {summary.output} in {summary.seconds:.1f}s"
     )
+    if summary.n_glitches:
+        listed = (
+            f"listed in {summary.glitches_output}"
+            if summary.glitches_output
+            else "--glitches PATH lists them"
+        )
+        print(
+            f"{summary.n_glitches} readings of {summary.n_series_with_glitches} series were read "
+            f"as glitches and not used ({listed})"
+        )
     return 0
 
 
@@ -428,6 +444,12 @@ def register_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--chunk-series", type=_positive_int, help="series per batch (default: setting)")
     p.add_argument("--device", help="cpu, cuda, ... (default: cuda when present)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--glitches",
+        metavar="PATH",
+        help="CSV or Parquet listing (unique_id, ds) each reading the model read as a glitch "
+        "and did not use (--engine local)",
+    )
     p.add_argument(
         "--no-forecast-log",
         action="store_true",

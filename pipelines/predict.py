@@ -11,7 +11,9 @@ For a model with known-future covariates, each series' future rows follow its hi
 ``y`` empty and the covariates filled, as for the pyfunc model.
 
 The output (CSV or Parquet, by suffix) is written to a temporary file beside it and moved
-into place at the end: a failed run leaves no half-written output.
+into place at the end: a failed run leaves no half-written output. So is the optional glitches
+file: ``unique_id, ds`` of every reading the model did not use because it read it as a glitch
+(``TrainConfig.glitch_threshold``), what ``POST /v1/forecast`` returns as ``glitches``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -54,6 +57,9 @@ class PredictSummary:
     n_input_rows: int | None  # None when the engine does not count them (spark)
     n_output_rows: int
     seconds: float
+    n_glitches: int = 0  # readings read as glitches and not used, over every series
+    n_series_with_glitches: int = 0
+    glitches_output: Path | None = None  # where they were listed, when asked
 
 
 def load_model(
@@ -120,9 +126,10 @@ def read_chunks(
 class _Writer:
     """Appends forecast frames to a CSV or Parquet file written under a temporary name."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, role: str = "output", allow_empty: bool = False):
         self.path = path
-        self.kind = _kind(path, "output")
+        self.kind = _kind(path, role)
+        self.allow_empty = allow_empty
         path.parent.mkdir(parents=True, exist_ok=True)
         self.partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
         self._parquet: pq.ParquetWriter | None = None
@@ -141,6 +148,9 @@ class _Writer:
             self._csv_header = False
         else:
             table = pa.Table.from_pandas(frame, preserve_index=False)
+            if table.schema.field(ID).type == pa.null():  # no rows: ids are text all the same
+                at = table.schema.get_field_index(ID)
+                table = table.set_column(at, ID, table.column(ID).cast(pa.string()))
             if self._parquet is None:
                 self._parquet = pq.ParquetWriter(self.partial, table.schema)
             self._parquet.write_table(table.cast(self._parquet.schema))
@@ -149,7 +159,7 @@ class _Writer:
     def commit(self) -> None:
         if self._parquet is not None:
             self._parquet.close()
-        if self.rows == 0:
+        if self.rows == 0 and not self.allow_empty:
             raise EmptyDataError("no forecasts were produced: the input holds no series")
         os.replace(self.partial, self.path)
 
@@ -194,11 +204,14 @@ def predict_file(
     time_column: str | None = None,
     progress: bool = True,
     forecast_log: str | Path | None = None,
+    glitches_output: str | Path | None = None,
 ) -> PredictSummary:
     """Forecast every series of ``input_path`` and write the forecasts to ``output_path``.
 
     With ``forecast_log``, the forecasts of a registered version are also appended to that
-    forecast log (``pipelines.forecast_log``) for monitoring.
+    forecast log (``pipelines.forecast_log``) for monitoring. With ``glitches_output`` (CSV or
+    Parquet), the readings read as glitches are listed there (``unique_id, ds``; only a header
+    when there is none); the summary counts them either way.
 
     Raises:
         ForecasterInputError: bad input (missing columns, NaN, too-short series, ...), naming
@@ -209,7 +222,16 @@ def predict_file(
     input_path, output_path = Path(input_path), Path(output_path)
     if not input_path.is_file():
         raise ForecasterInputError(f"input {input_path}: no such file", field="input")
-    writer = _Writer(output_path)  # checks the output suffix before any work
+    writer = _Writer(output_path)  # checks the output suffixes before any work
+    glitch_writer = None
+    if glitches_output is not None:
+        glitches_output = Path(glitches_output)
+        if glitches_output.resolve() == output_path.resolve():
+            raise ForecasterInputError(
+                f"glitches {glitches_output}: the same file as the output; expected another",
+                field="glitches",
+            )
+        glitch_writer = _Writer(glitches_output, role="glitches", allow_empty=True)
     kind = _kind(input_path, "input")
     if isinstance(model, Forecaster):
         forecaster, ref = model, None
@@ -236,7 +258,7 @@ def predict_file(
         frame = load_frame(input_path, time_column=time_column)
         chunks, total = iter([frame]), len(frame)
 
-    n_series = n_rows = 0
+    n_series = n_rows = n_glitches = n_glitched_series = 0
     bar = tqdm(
         total=total, unit="rows", desc="forecasting", disable=not progress, dynamic_ncols=True
     )
@@ -244,22 +266,39 @@ def predict_file(
         for batch in whole_series_chunks(chunks, chunk_series):
             forecast = forecast_batch(forecaster, batch, horizon=horizon, quantiles=quantiles)
             writer.write(forecast.to_frame())
+            counts = np.fromiter((len(g) for g in forecast.glitches), dtype=np.int64)
+            n_glitches += int(counts.sum())
+            n_glitched_series += int((counts > 0).sum())
+            if glitch_writer is not None:
+                glitch_writer.write(forecast.glitch_frame())
             if log is not None:
                 log.append(records(forecast, model_name=ref.name, model_version=ref.version))
             n_series += int(batch[ID].nunique())
             n_rows += len(batch)
             bar.update(len(batch))
             bar.set_postfix(series=n_series)
+        if glitch_writer is not None and writer.rows:
+            glitch_writer.commit()
         writer.commit()
         if log is not None:
             log.flush()
     except BaseException:
         writer.abort()
+        if glitch_writer is not None:
+            glitch_writer.abort()
         raise
     finally:
         bar.close()
     summary = PredictSummary(
-        ref, output_path, n_series, n_rows, writer.rows, time.perf_counter() - started
+        ref,
+        output_path,
+        n_series,
+        n_rows,
+        writer.rows,
+        time.perf_counter() - started,
+        n_glitches,
+        n_glitched_series,
+        glitches_output,
     )
     logger.info(
         "wrote %d forecast rows for %d series to %s in %.1fs",

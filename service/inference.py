@@ -84,7 +84,6 @@ class ItemForecast:
     model: ServedModel
     arrays: ForecastArrays
     parts: FrameParts  # the request's own columns (for attention and the forecast log)
-    glitches: np.ndarray  # (S,) object: each series' readings the model read as glitches
 
     @property
     def series_ids(self) -> list[str]:
@@ -97,6 +96,10 @@ class ItemForecast:
     @property
     def mean(self) -> np.ndarray:  # (S, H)
         return self.arrays.mean
+
+    @property
+    def glitches(self) -> np.ndarray:  # (S,) object: each series' readings read as glitches
+        return self.arrays.glitches
 
     @property
     def quantiles(self) -> dict[float, np.ndarray]:  # level -> (S, H)
@@ -112,7 +115,6 @@ class ItemForecast:
             chunks[0].model,
             arrays,
             FrameParts.concat([c.parts for c in chunks]),
-            np.concatenate([c.glitches for c in chunks]),
         )
 
 
@@ -322,7 +324,7 @@ def predict_items(
             rows = arrays.rows(slice(start, start + len(inputs)))
             start += len(inputs)
             try:
-                forecast = _item_forecast(item, rows, parts, inputs.glitch_timestamps)
+                forecast = _item_forecast(item, rows, parts)
                 if on_forecast is not None:
                     on_forecast(forecast)
                 results[k] = item.render(forecast) if item.render is not None else forecast
@@ -331,9 +333,7 @@ def predict_items(
     return results
 
 
-def _item_forecast(
-    item: OnlineItem, rows: ForecastArrays, parts: FrameParts, glitches: np.ndarray
-) -> ItemForecast:
+def _item_forecast(item: OnlineItem, rows: ForecastArrays, parts: FrameParts) -> ItemForecast:
     selected = rows.select(item.horizon, item.quantiles)
     bad = ~np.isfinite(selected.mean).all(axis=1) | ~np.isfinite(selected.quantiles).all(
         axis=(1, 2)
@@ -346,7 +346,7 @@ def _item_forecast(
             field="values",
             series_id=sid,
         )
-    return ItemForecast(item.model, selected, parts, glitches)
+    return ItemForecast(item.model, selected, parts)
 
 
 # -- responses -------------------------------------------------------------------------------

@@ -34,6 +34,8 @@ class JobFiles:
         # One row per series left out, and why (and one for the rows without a unique_id).
         self.errors_csv = self.dir / "errors.csv"
         self.rows_without_id = self.dir / "rows_without_id.json"  # the first and how many
+        # One row (unique_id, ds) per reading read as a glitch and not used.
+        self.glitches_csv = self.dir / "glitches.csv"
 
     def input_file(self, fmt: str) -> Path:
         return self.dir / f"input.{fmt}"
@@ -232,6 +234,26 @@ def write_errors(errors: list[dict[str, Any]], path: Path) -> None:
     tmp = temp_beside(path)
     frame.to_csv(tmp, index=False)
     os.replace(tmp, path)
+
+
+def glitches_part(files: JobFiles, part: int) -> Path:
+    """Where part `part` lists its glitches (written only when it has some)."""
+    return files.parts / f"{part:05d}.glitches.parquet"
+
+
+def write_glitches(files: JobFiles, n_parts: int) -> None:
+    """The parts' glitches as one CSV (`unique_id, ds`), in part order, written atomically."""
+    tmp = temp_beside(files.glitches_csv)
+    schema = pa.schema([("unique_id", pa.string()), ("ds", pa.timestamp("ns"))])
+    try:
+        with pacsv.CSVWriter(tmp, schema) as writer:
+            for p in range(n_parts):
+                path = glitches_part(files, p)
+                if path.exists():
+                    writer.write_table(pq.read_table(path).cast(schema))
+        os.replace(tmp, files.glitches_csv)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def count_rows(path: Path, fmt: str) -> int | None:

@@ -39,10 +39,12 @@ from service.job_files import (
     assemble,
     collect_errors,
     count_rows,
+    glitches_part,
     iter_input,
     temp_beside,
     unify,
     write_errors,
+    write_glitches,
     write_text_atomic,
 )
 from service.job_store import Job
@@ -162,6 +164,8 @@ def process_job(ctx: JobContext) -> None:
                 field=first.get("field"),
                 series_id=first.get("series_id"),
             )
+    if any(glitches_part(files, p).exists() for p in range(n_done)):
+        write_glitches(files, n_done)
     assemble(files, n_done, job.output_format)
     shutil.rmtree(files.partitions, ignore_errors=True)
     shutil.rmtree(files.parts, ignore_errors=True)
@@ -187,13 +191,26 @@ def _run_sources(
         meta = files.parts / f"{p:05d}.json"
         if part.exists() and meta.exists():
             saved = json.loads(meta.read_text())
-            done += _Counts(saved["rows"], saved["series"], len(saved.get("errors", [])))
+            done += _Counts(
+                saved["rows"],
+                saved["series"],
+                len(saved.get("errors", [])),
+                saved.get("glitches", 0),
+            )
             continue
         if ctx.stopping.is_set():
             raise JobStopped("service stopping")
-        in_part, errors = _forecast_partition(ctx, load(), part, done)
+        in_part, errors = _forecast_partition(ctx, load(), part, glitches_part(files, p), done)
         write_text_atomic(
-            meta, json.dumps({"rows": in_part.rows, "series": in_part.series, "errors": errors})
+            meta,
+            json.dumps(
+                {
+                    "rows": in_part.rows,
+                    "series": in_part.series,
+                    "errors": errors,
+                    "glitches": in_part.glitches,
+                }
+            ),
         )
         done += in_part
     left_out = without_id.counts()
@@ -207,20 +224,30 @@ def _run_sources(
 
 @dataclass(frozen=True)
 class _Counts:
-    """Rows read, series forecast and series left out: of a job, or of one of its parts."""
+    """Rows read, series forecast, series left out and readings read as glitches: of a job,
+    or of one of its parts."""
 
     rows: int = 0
     series: int = 0
     failed: int = 0
+    glitches: int = 0
 
     def __add__(self, other: _Counts) -> _Counts:
         return _Counts(
-            self.rows + other.rows, self.series + other.series, self.failed + other.failed
+            self.rows + other.rows,
+            self.series + other.series,
+            self.failed + other.failed,
+            self.glitches + other.glitches,
         )
 
     def report(self, ctx: JobContext) -> None:
         """Record these as the job's progress; stop if the job is no longer this worker's."""
-        if not ctx.report(rows_done=self.rows, series_done=self.series, series_failed=self.failed):
+        if not ctx.report(
+            rows_done=self.rows,
+            series_done=self.series,
+            series_failed=self.failed,
+            glitches=self.glitches,
+        ):
             raise JobStopped("job cancelled or taken over")
 
 
@@ -342,10 +369,11 @@ class _RowsWithoutId:
 
 
 def _forecast_partition(
-    ctx: JobContext, frame: pd.DataFrame, part: Path, before: _Counts
+    ctx: JobContext, frame: pd.DataFrame, part: Path, glitches_path: Path, before: _Counts
 ) -> tuple[_Counts, list[dict[str, Any]]]:
     """Forecast one partition in chunks of series, reporting the job's progress (`before` plus
-    this partition's) after each; write its part file atomically.
+    this partition's) after each; write its part file atomically, and its glitches (few: a
+    frame in memory) to `glitches_path` when it has some.
     Returns the partition's counts and the errors of the series left out."""
     forecaster = ctx.served.forecaster
     tmp = temp_beside(part)
@@ -367,6 +395,7 @@ def _forecast_partition(
     # forecast (one write in flight, so memory stays two chunks).
     writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-job-write")
     written: Future[None] | None = None
+    glitches: list[pd.DataFrame] = []
     try:
         for lo, hi in zip(starts, ends, strict=True):
             if ctx.stopping.is_set():
@@ -381,8 +410,14 @@ def _forecast_partition(
                 if written is not None:
                     written.result()
                 written = writes.submit(writer.write_table, result)
+                glitches.append(arrays.glitch_frame())
             forecast = 0 if arrays is None else len(arrays)
-            in_part = _Counts(in_part.rows + int(hi - lo), in_part.series + forecast, len(errors))
+            in_part = _Counts(
+                in_part.rows + int(hi - lo),
+                in_part.series + forecast,
+                len(errors),
+                in_part.glitches + (0 if arrays is None else len(glitches[-1])),
+            )
             # Every chunk, bad ones too: a partition can take minutes.
             (before + in_part).report(ctx)
         if written is not None:
@@ -393,6 +428,10 @@ def _forecast_partition(
             writer.close()
     if writer is None:  # no series of the partition could be forecast
         _empty_result(forecaster, ctx.job).to_parquet(tmp, index=False)
+    if in_part.glitches:
+        listed = temp_beside(glitches_path)
+        pd.concat(glitches, ignore_index=True).to_parquet(listed, index=False)
+        os.replace(listed, glitches_path)
     os.replace(tmp, part)
     return in_part, errors
 

@@ -45,6 +45,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     rows_done BIGINT NOT NULL DEFAULT 0,
     series_done BIGINT NOT NULL DEFAULT 0,
     series_failed BIGINT NOT NULL DEFAULT 0,
+    glitches BIGINT NOT NULL DEFAULT 0,
     model_name TEXT,
     model_version TEXT,
     model_alias TEXT,
@@ -56,7 +57,10 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status, created_at);
 """
-_ADDED_COLUMNS = {"series_failed": "BIGINT NOT NULL DEFAULT 0"}
+_ADDED_COLUMNS = {
+    "series_failed": "BIGINT NOT NULL DEFAULT 0",
+    "glitches": "BIGINT NOT NULL DEFAULT 0",
+}
 # Any fixed number: replicas starting together take this advisory lock to create the table.
 _SCHEMA_LOCK = 7_302_118_841
 
@@ -81,6 +85,7 @@ class Job:
     rows_done: int
     series_done: int
     series_failed: int  # series left out of the result for bad input (see the errors file)
+    glitches: int  # readings read as glitches and not used (see the glitches file)
     model_name: str | None
     model_version: str | None
     model_alias: str | None

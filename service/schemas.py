@@ -242,11 +242,16 @@ class BatchJobOut(BaseModel):
         description="Series left out of the result for bad input (the rows without a "
         "unique_id count as one); reasons at errors_url."
     )
+    glitches: int = Field(
+        description="Readings the forecasts did not use because the model read them as "
+        "glitches (far from their neighbours); listed at glitches_url once the job succeeded."
+    )
     model: ModelInfo | None
     attempts: int
     error: JobError | None
     result_url: str | None
     errors_url: str | None
+    glitches_url: str | None
 
 
 class BatchJobList(BaseModel):

@@ -95,11 +95,17 @@ def job_out(job: Job) -> dict[str, Any]:
         "rows_done": job.rows_done,
         "series_done": job.series_done,
         "series_failed": job.series_failed,
+        "glitches": job.glitches,
         "model": model,
         "attempts": job.attempts,
         "error": job.error,
         "result_url": f"/v1/batch-jobs/{job.id}/result" if job.status == "succeeded" else None,
         "errors_url": f"/v1/batch-jobs/{job.id}/errors" if job.series_failed else None,
+        "glitches_url": (
+            f"/v1/batch-jobs/{job.id}/glitches"
+            if job.glitches and job.status == "succeeded"
+            else None
+        ),
     }
 
 
@@ -343,6 +349,27 @@ async def get_errors(job_id: str, store: JobStoreDep, settings: SettingsDep) -> 
     if not job.series_failed or not path.exists():
         raise NotFoundError(f"job {job_id} has left out no series (yet)", field="job_id")
     return FileResponse(path, media_type="text/csv", filename=f"errors-{job_id}.csv")
+
+
+@router.get(
+    "/{job_id}/glitches",
+    response_class=FileResponse,
+    responses={
+        200: {"content": {"text/csv": {}}},
+        404: {"description": "No such job, the job has not succeeded, or it met no glitch"},
+    },
+    summary="The readings a job's forecasts did not use because the model read them as "
+    "glitches (unique_id, ds), as CSV",
+)
+async def get_glitches(job_id: str, store: JobStoreDep, settings: SettingsDep) -> FileResponse:
+    job = await _get(store, job_id)
+    path = JobFiles(Path(settings.data_dir) / "jobs", job_id).glitches_csv
+    if job.status != "succeeded" or not job.glitches or not path.exists():
+        raise NotFoundError(
+            f"job {job_id} lists no glitch (status {job.status}, {job.glitches} glitches)",
+            field="job_id",
+        )
+    return FileResponse(path, media_type="text/csv", filename=f"glitches-{job_id}.csv")
 
 
 @router.delete(

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forecaster.outputs import ForecastArrays
+from forecaster.outputs import ForecastArrays, no_glitches
 from pipelines.forecast_log import ForecastLog, read_log, records
 
 ORIGIN = np.datetime64("2024-01-01T23:00", "ns")
@@ -28,6 +28,7 @@ def _forecast(ids=("a", "b"), h=3, offset=0.0, levels=(0.1, 0.9)) -> ForecastArr
         if levels
         else np.zeros((s, h, 0)),
         levels=tuple(levels),
+        glitches=no_glitches(s),
     )
 
 

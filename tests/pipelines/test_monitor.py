@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forecaster.outputs import ForecastArrays
+from forecaster.outputs import ForecastArrays, no_glitches
 from pipelines.forecast_log import read_log, records
 from pipelines.monitor import VersionAccuracy, degradation, score
 from pipelines.predict import predict_file
@@ -33,6 +33,7 @@ def _log_rows(version: str, sid: str, origin: int, means, lower=None, upper=None
         mean=np.asarray(means, float)[None],
         quantiles=quantiles,
         levels=levels,
+        glitches=no_glitches(1),
     )
     return records(arrays, model_name="forecaster", model_version=version).to_pandas()
 

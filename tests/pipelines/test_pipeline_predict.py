@@ -146,3 +146,87 @@ def test_a_file_corrupt_after_its_first_rows_exits_2(model_dir, history, tmp_pat
     assert main([*args, "--input", str(tmp_path / "cut.csv.gz"), "--no-progress"]) == 2
     assert "cut.csv.gz: cannot read file" in capsys.readouterr().err
     assert not (tmp_path / "o.csv").exists()
+
+
+def _with_a_glitch(history: pd.DataFrame, series: str, from_end: int) -> tuple[pd.DataFrame, str]:
+    """`history` with one reading of `series` ten times too high, and that reading's time."""
+    rows = np.flatnonzero((history["unique_id"] == series).to_numpy())
+    at = rows[-from_end]
+    glitched = history.copy()
+    glitched.loc[glitched.index[at], "y"] = 10 * glitched["y"].iloc[at] + 100
+    return glitched, str(pd.Timestamp(history["ds"].iloc[at]))
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_glitches_are_listed_beside_the_forecasts(model_dir, history, tmp_path, suffix):
+    """A reading far from its neighbours is left out of the forecast and named in the glitches
+    file, as POST /v1/forecast names it; chunks that hold none add nothing."""
+    glitched, when = _with_a_glitch(history, "series_004", from_end=30)
+    glitched.to_csv(tmp_path / "in.csv", index=False)
+    listed = tmp_path / f"glitches{suffix}"
+    summary = predict_file(
+        str(model_dir),
+        tmp_path / "in.csv",
+        tmp_path / "out.csv",
+        chunk_series=3,
+        progress=False,
+        glitches_output=listed,
+    )
+    got = pd.read_csv(listed) if suffix == ".csv" else pd.read_parquet(listed)
+    assert list(got.columns) == ["unique_id", "ds"]
+    assert got["unique_id"].astype(str).tolist() == ["series_004"]
+    assert [str(pd.Timestamp(t)) for t in got["ds"]] == [when]
+    assert (summary.n_glitches, summary.n_series_with_glitches) == (1, 1)
+    assert summary.glitches_output == listed
+    # Left out: the forecast is the one made with that reading missing.
+    missing = glitched.assign(
+        y=np.where(
+            glitched["ds"].astype(str).eq(when) & glitched["unique_id"].eq("series_004"),
+            np.nan,
+            glitched["y"],
+        )
+    )
+    forecaster = Forecaster.load(model_dir, device="cpu")
+    np.testing.assert_allclose(
+        pd.read_csv(tmp_path / "out.csv")["mean"], forecaster.predict(missing)["mean"], rtol=1e-6
+    )
+
+
+def test_a_clean_file_lists_no_glitch_and_the_cli_counts_them(model_dir, history, tmp_path, capsys):
+    history.to_csv(tmp_path / "clean.csv", index=False)
+    args = ["predict", "--model", str(model_dir), "--output", str(tmp_path / "o.csv")]
+    listed = tmp_path / "g.parquet"
+    assert (
+        main(
+            [
+                *args,
+                "--input",
+                str(tmp_path / "clean.csv"),
+                "--no-progress",
+                "--glitches",
+                str(listed),
+            ]
+        )
+        == 0
+    )
+    assert "glitches" not in capsys.readouterr().out
+    empty = pd.read_parquet(listed)
+    assert list(empty.columns) == ["unique_id", "ds"] and len(empty) == 0
+
+    glitched, _ = _with_a_glitch(history, "series_001", from_end=10)
+    glitched.to_csv(tmp_path / "glitched.csv", index=False)
+    assert main([*args, "--input", str(tmp_path / "glitched.csv"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "1 readings of 1 series were read as glitches" in out
+    assert "--glitches PATH lists them" in out
+
+
+def test_the_glitches_file_cannot_be_the_output(model_dir, history, tmp_path, capsys):
+    history.to_csv(tmp_path / "in.csv", index=False)
+    out = str(tmp_path / "o.csv")
+    args = ["predict", "--model", str(model_dir), "--input", str(tmp_path / "in.csv")]
+    assert main([*args, "--output", out, "--glitches", out, "--no-progress"]) == 2
+    assert "glitches" in capsys.readouterr().err
+    assert main([*args, "--output", out, "--glitches", str(tmp_path / "g.txt")]) == 2
+    assert "glitches" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [tmp_path / "in.csv"]

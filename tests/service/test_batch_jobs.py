@@ -151,6 +151,50 @@ def test_bad_series_are_left_out_and_listed_the_others_forecast(client, history,
     assert "'abc'" in errors["detail"].iloc[1]
 
 
+def test_glitches_are_counted_and_listed_across_partitions(make_client, fitted, training_frame):
+    """A reading far from its neighbours is left out of the forecast (as POST /v1/forecast
+    leaves it out) and listed at glitches_url, whichever partition and chunk its series is in;
+    a clean job lists none."""
+    client = make_client(batch_partition_bytes=4096, batch_chunk_series=3)
+    frames = []
+    for k in range(3):  # 12 series in several partitions
+        part = training_frame.groupby("unique_id").tail(60).copy()
+        part["unique_id"] = part["unique_id"] + f"-{k}"
+        frames.append(part)
+    many = pd.concat(frames, ignore_index=True)
+
+    clean = client.post(
+        "/v1/batch-jobs", content=many.to_csv(index=False).encode(), headers=CSV_HEADERS
+    )
+    done = wait_for_job(client, clean.json()["id"])
+    assert (done["status"], done["glitches"], done["glitches_url"]) == ("succeeded", 0, None)
+    assert client.get(f"/v1/batch-jobs/{done['id']}/glitches").status_code == 404
+
+    ids = many["unique_id"].unique()
+    glitched = many.copy()
+    planted = []
+    for sid, back in ((ids[1], 7), (ids[-2], 20)):
+        at = np.flatnonzero((glitched["unique_id"] == sid).to_numpy())[-back]
+        glitched.loc[glitched.index[at], "y"] = 10 * glitched["y"].iloc[at] + 100
+        planted.append((sid, pd.Timestamp(glitched["ds"].iloc[at])))
+    response = client.post(
+        "/v1/batch-jobs", content=glitched.to_csv(index=False).encode(), headers=CSV_HEADERS
+    )
+    done = wait_for_job(client, response.json()["id"])
+    assert done["status"] == "succeeded", done
+    assert done["glitches"] == 2
+    listed = pd.read_csv(io.BytesIO(client.get(done["glitches_url"]).content), parse_dates=["ds"])
+    assert list(listed.columns) == ["unique_id", "ds"]
+    assert sorted(zip(listed["unique_id"].astype(str), listed["ds"], strict=True)) == sorted(
+        planted
+    )
+    got = read_result(client.get(done["result_url"]))
+    assert_same_forecast(got, expected(fitted, glitched))
+
+
+CSV_HEADERS = {"content-type": "text/csv"}
+
+
 def _many_copies(history: pd.DataFrame, n: int = 700) -> pd.DataFrame:
     """`n` copies of the history under new ids (~10 MB of CSV for 700: several 8 MB blocks),
     values as objects so that one can be set to text."""
@@ -401,3 +445,25 @@ def test_finished_jobs_are_deleted_after_their_retention(make_client, history, t
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert not job_dir.exists()
+
+
+def test_a_job_store_from_before_the_counts_existed_gains_them(tmp_path):
+    """Stores written by earlier versions lack the newer count columns: opening one adds
+    them, and its jobs read as having none."""
+    import sqlite3
+
+    from service import job_store
+
+    old_schema = job_store._SCHEMA
+    for column in job_store._ADDED_COLUMNS:
+        old_schema = "\n".join(line for line in old_schema.splitlines() if column not in line)
+    path = tmp_path / "jobs.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(old_schema)
+        conn.execute(
+            "INSERT INTO jobs (id, status, created_at, input_path, input_owned, input_format, "
+            "input_bytes, output_format) VALUES ('old', 'succeeded', 0, 'x.csv', 1, 'csv', 1, "
+            "'csv')"
+        )
+    job = JobStore(path).get("old")
+    assert (job.series_failed, job.glitches) == (0, 0)

@@ -58,8 +58,9 @@ default, docs/model-choices.md).
 `--glitches` scores each fitted model on histories with one glitch a series, a reading ten
 times too high ("x10") or zero ("zero") at a random observed step of the last context (one
 draw for every kind, seed 0), with the library's glitch rule (`TrainConfig.glitch_threshold`,
-`forecaster.glitches`) and without it, and the clean holdout without it: what the rule
-recovers and what it costs clean histories.
+`TrainConfig.seasonal_glitch_factor`, `forecaster.glitches`), with its window's test alone,
+and without a rule, and the clean holdout in each setting: what the rule recovers and what it
+costs clean histories.
 
 `--attention` scores each fitted model once more with each kind of its attention made uniform
 (`forecaster.explain`): what attention earns on the held-out points, and how peaked it is.
@@ -313,6 +314,15 @@ def with_glitches(split: Split, context_length: int, seed: int = 0) -> dict[str,
             history.append(h)
         glitched[kind] = replace(split, history=history)
     return glitched
+
+
+def glitch_rules(rule: TrainConfig) -> list[tuple[str, TrainConfig]]:
+    """The model's glitch rule, its window's test alone (where it has the cycle's too), and
+    no rule: the forecast-time settings `--glitches` scores, by label."""
+    rules = [("glitch rule", rule)]
+    if rule.glitch_threshold is not None and rule.seasonal_glitch_factor is not None:
+        rules.append(("window's glitch test alone", replace(rule, seasonal_glitch_factor=None)))
+    return [*rules, ("no glitch rule", replace(rule, glitch_threshold=None))]
 
 
 def long_frame(split: Split) -> pd.DataFrame:
@@ -682,10 +692,9 @@ def main(argv: list[str] | None = None) -> int:
                     None,
                 )
         rule = forecaster.train_config
-        for threshold in (rule.glitch_threshold, None) if glitched else ():
-            forecaster.train_config = replace(rule, glitch_threshold=threshold)
-            label = "glitch rule" if threshold is not None else "no glitch rule"
-            if threshold is None:
+        for label, read in glitch_rules(rule) if glitched else ():
+            forecaster.train_config = read
+            if read != rule:
                 add(f"ours (seed {seed}), {label}", predict_ours(forecaster, split), None)
             for kind, damaged_split in glitched.items():
                 add(

@@ -593,6 +593,7 @@ class Forecaster:
             train_values["device"] = device
         model_values = dict(meta["model_config"])
         train_values.setdefault("glitch_threshold", None)  # saved before the rule: none
+        train_values.setdefault("seasonal_glitch_factor", None)  # before the cycle's test
         if "naive_head" in model_values:  # saved before its blend could be gates: softmax
             model_values.setdefault("naive_blend", "softmax")
         forecaster = cls(
@@ -727,8 +728,13 @@ class Forecaster:
 
     def _without_glitches(self, batch: WindowBatch) -> WindowBatch:
         """The batch with its contexts' glitches masked (`TrainConfig.glitch_threshold`)."""
+        tc = self.train_config
         observed = mask_glitches(
-            batch.past_values, batch.past_observed_mask, self.train_config.glitch_threshold
+            batch.past_values,
+            batch.past_observed_mask,
+            tc.glitch_threshold,
+            self.model_config.season_length or 1,
+            tc.seasonal_glitch_factor,
         )
         return dataclasses.replace(
             batch,

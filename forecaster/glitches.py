@@ -3,18 +3,31 @@
 The instance scaler's mean and standard deviation are not robust: one reading ten times too
 high a series in the context takes M4 Hourly's holdout OWA from 0.451 to 1.472 (0.465 with
 this rule). A Hampel rule finds such a step: it lies further than `threshold` robust
-deviations (1.4826 times the median absolute deviation) from the median of a centred window
-of `GLITCH_WINDOW` steps. It is then masked, as a NaN would be, so the mask that carries gaps
-makes it invisible.
+deviations (1.4826 times the median absolute deviation, over a centred window of
+`GLITCH_WINDOW` steps) from a reference of what it should be. It is then masked, as a NaN
+would be, so the mask that carries gaps makes it invisible. Two references are asked in turn:
 
-Only an isolated step is a glitch: its neighbours are observed and not outlying themselves,
-so a level shift (two outlying steps in a row or more) is never masked. A step with one
-neighbour only (the last step of a context, a series' first, a step beside a gap) has half
-the evidence: the other side cannot tell a spike from the start of a shift, so it must lie
+- the level: the median of the centred window of `GLITCH_WINDOW` steps, a reading far from
+  the level around it;
+- then, with the level's glitches removed, the cycle: the median of the same step in the
+  `SEASONS_AROUND` seasons before and after it (of the `SEASONS_AROUND` steps before and after
+  it where the data has no season), a reading `seasonal_factor` times as far out from what
+  the cycle makes of it. A drop to zero inside a strong daily cycle lies within the swing the
+  cycle makes over a window, so only this reference finds it, as it finds a zero in a trending
+  yearly series whose window spans much of the trend. Asked second, it does not read a glitch
+  the level found as part of the cycle, which would make the same step a season away look
+  like one; its further threshold keeps what it masks in clean histories to what costs them
+  nothing measurable (docs/model-choices.md, Glitches).
+
+Only an isolated step is a glitch: its neighbours are observed and not outlying themselves
+(by the same reference), so a level shift (two outlying steps in a row or more) is never
+masked, nor a day that differs from the days around it as a whole. A step with one neighbour
+only (the last step of a context, a series' first, a step beside a gap) has half the
+evidence: the other side cannot tell a spike from the start of a shift, so it must lie
 `EDGE_FACTOR` times as far out. A jump in the last reading alone is kept unless it is that
 extreme; left unmasked, a reading ten times too high there ruins the forecast. Where the
-median absolute deviation is 0 (a flat stretch, intermittent counts) nothing is masked: any
-move off a flat line would otherwise be one.
+median absolute deviation is 0 (a flat stretch, intermittent counts, a cycle repeated exactly)
+nothing is masked: any move off it would otherwise be one.
 """
 
 from __future__ import annotations
@@ -22,9 +35,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-# Steps in the centred window (a day of hourly data, two years of monthly); measured on M4
-# Hourly against 49 (docs/model-choices.md).
+# Steps in the centred window of the level and of the robust deviation (a day of hourly data,
+# two years of monthly); measured on M4 Hourly against 49 (docs/model-choices.md).
 GLITCH_WINDOW = 25
+# Seasons before and after a step whose same step makes its seasonal reference.
+SEASONS_AROUND = 3
 # How much further out than `threshold` a step with one neighbour must lie (see above).
 EDGE_FACTOR = 2.0
 # Rows whose glitches are found at once (memory, see mask_glitches).
@@ -44,16 +59,28 @@ def _rolling_nanmedian(values: torch.Tensor, window: int) -> torch.Tensor:
     return windows.nanmedian(dim=-1).values
 
 
-def glitch_mask(values: torch.Tensor, observed: torch.Tensor, threshold: float) -> torch.Tensor:
-    """The isolated glitches of each row: (B, L) values and observed mask -> (B, L) bool.
+def _seasonal_reference(values: torch.Tensor, season: int) -> torch.Tensor:
+    """Median of the non-NaN values `season`, 2 * `season`, ... steps before and after each
+    step, the step itself left out: (B, L) -> (B, L), NaN where there is none."""
+    shifts = [k * season for k in range(1, SEASONS_AROUND + 1)]
+    length = values.shape[1]
+    nan = float("nan")
+    around = [F.pad(values[:, s:], (0, s), value=nan) for s in shifts if s < length]  # x[t + s]
+    around += [F.pad(values[:, :-s], (s, 0), value=nan) for s in shifts if s < length]  # x[t - s]
+    if not around:
+        return torch.full_like(values, nan)
+    # nanquantile, not nanmedian: with an even count it averages the two middle values
+    # instead of taking the lower, which would favour glitches that lie low.
+    return torch.stack(around, dim=-1).nanquantile(0.5, dim=-1)  # (B, L)
 
-    A step is a glitch when it is observed, further than `threshold` robust deviations from
-    its window's median, and both its neighbours are observed and within that distance of
-    theirs; with one neighbour only, it must lie `EDGE_FACTOR` times as far out (module
-    docstring). Masked values may be anything, NaN included.
-    """
-    x = torch.where(observed, values, torch.full_like(values, float("nan")))
-    deviation = (x - _rolling_nanmedian(x, GLITCH_WINDOW)).abs()  # NaN where unobserved
+
+def _isolated_outliers(
+    x: torch.Tensor, observed: torch.Tensor, reference: torch.Tensor, threshold: float
+) -> torch.Tensor:
+    """Steps of `x` (NaN where unobserved) further than `threshold` robust deviations from
+    `reference`, both of whose neighbours are observed and not so far out; with one neighbour
+    only, `EDGE_FACTOR` times as far out: (B, L) bool."""
+    deviation = (x - reference).abs()  # NaN where unobserved or without a reference
     spread = _MAD_TO_STD * _rolling_nanmedian(deviation, GLITCH_WINDOW)
     outlying = (deviation > threshold * spread) & (spread > 0)  # False wherever NaN
     far_out = (deviation > EDGE_FACTOR * threshold * spread) & (spread > 0)
@@ -65,17 +92,54 @@ def glitch_mask(values: torch.Tensor, observed: torch.Tensor, threshold: float) 
     return (outlying & left_ok & right_ok) | (far_out & one_sided)
 
 
-def mask_glitches(
-    values: torch.Tensor, observed: torch.Tensor, threshold: float | None
+def glitch_mask(
+    values: torch.Tensor,
+    observed: torch.Tensor,
+    threshold: float,
+    season: int = 1,
+    seasonal_factor: float | None = None,
 ) -> torch.Tensor:
-    """`observed` (B, L) with the glitches of `values` (B, L) masked; as is when None."""
+    """The isolated glitches of each row: (B, L) values and observed mask -> (B, L) bool.
+
+    A step is a glitch when it is observed and an isolated outlier (`_isolated_outliers`)
+    against the median of its window, or, among the steps that leaves, `seasonal_factor` times
+    `threshold` against the same step of the seasons around it (`season` steps a cycle; 1
+    where the data has none; None: the level alone). Masked values may be anything, NaN
+    included.
+    """
+    nan = torch.full_like(values, float("nan"))
+    x = torch.where(observed, values, nan)
+    level = _isolated_outliers(x, observed, _rolling_nanmedian(x, GLITCH_WINDOW), threshold)
+    if seasonal_factor is None:
+        return level
+    kept = observed & ~level
+    x = torch.where(kept, values, nan)
+    cycle = _isolated_outliers(x, kept, _seasonal_reference(x, season), seasonal_factor * threshold)
+    return level | cycle
+
+
+def mask_glitches(
+    values: torch.Tensor,
+    observed: torch.Tensor,
+    threshold: float | None,
+    season: int = 1,
+    seasonal_factor: float | None = None,
+) -> torch.Tensor:
+    """`observed` (B, L) with the glitches of `values` (B, L) masked (`glitch_mask`); as is
+    when `threshold` is None."""
     if threshold is None or values.shape[1] < 3:
         return observed
     # The windows' medians hold (rows, L, GLITCH_WINDOW) values: 10,000 series of 336 steps
     # would take 670 MB at once, a block of rows 70 MB.
     glitches = torch.cat(
         [
-            glitch_mask(values[k : k + _ROWS_AT_ONCE], observed[k : k + _ROWS_AT_ONCE], threshold)
+            glitch_mask(
+                values[k : k + _ROWS_AT_ONCE],
+                observed[k : k + _ROWS_AT_ONCE],
+                threshold,
+                season,
+                seasonal_factor,
+            )
             for k in range(0, len(values), _ROWS_AT_ONCE)
         ]
         or [torch.zeros_like(observed)]
@@ -83,4 +147,4 @@ def mask_glitches(
     return observed & ~glitches
 
 
-__all__ = ["GLITCH_WINDOW", "glitch_mask", "mask_glitches"]
+__all__ = ["GLITCH_WINDOW", "SEASONS_AROUND", "glitch_mask", "mask_glitches"]

@@ -171,13 +171,17 @@ def test_cli_scores_glitched_histories_with_and_without_the_rule(wide_csv, tmp_p
     args = ["--data", str(wide_csv), "--no-peers", "--glitches", "--json", str(out)]
     assert m4.main(args + sets("model.context_length=48", *QUICK)) == 0
     rows = {r["model"]: r["owa"] for r in json.loads(out.read_text())["results"]}
-    assert rows["ours (seed 0), no glitch rule"] == pytest.approx(rows["ours (seed 0)"], rel=1e-3)
-    ruled = "ours (seed 0), one {} glitch a series, glitch rule"
-    raw = "ours (seed 0), one {} glitch a series, no glitch rule"
-    # Each x10 reading is found. A zero lies 5 robust deviations from its window's median
-    # where the daily cycle swings by 20 around 50: within the rule's 8, so it stays.
-    assert rows[ruled.format("x10")] < 0.5 * rows[raw.format("x10")]
-    assert rows[ruled.format("zero")] == rows[raw.format("zero")]
+    for other in ("no glitch rule", "window's glitch test alone"):
+        assert rows[f"ours (seed 0), {other}"] == pytest.approx(rows["ours (seed 0)"], rel=1e-3)
+    kinds = "ours (seed 0), one {} glitch a series, {}"
+    ruled, window, raw = "glitch rule", "window's glitch test alone", "no glitch rule"
+    # Each x10 reading is found by the window's test. A zero lies 5 robust deviations from its
+    # window's median where the daily cycle swings by 20 around 50, within the window's 8: only
+    # the same hour of the days around it finds it.
+    assert rows[kinds.format("x10", ruled)] < 0.5 * rows[kinds.format("x10", raw)]
+    assert rows[kinds.format("x10", window)] == rows[kinds.format("x10", ruled)]
+    assert rows[kinds.format("zero", window)] == rows[kinds.format("zero", raw)]
+    assert rows[kinds.format("zero", ruled)] < 0.5 * rows[kinds.format("zero", raw)]
 
 
 # ------------------------------------------------------------------------------------------

@@ -21,12 +21,25 @@ def _noisy_daily_cycle(n: int = 200, seed: int = 0) -> np.ndarray:
     return 100 + 10 * np.sin(2 * np.pi * t / 24) + rng.normal(0, 1, n)
 
 
-def _glitches(values: np.ndarray, observed: np.ndarray | None = None) -> list[int]:
+def _glitches(
+    values: np.ndarray,
+    observed: np.ndarray | None = None,
+    season: int = 24,
+    seasonal_factor: float | None = None,
+) -> list[int]:
     x = torch.tensor(values[None], dtype=torch.float64)
     mask = (
         torch.ones_like(x, dtype=torch.bool) if observed is None else torch.tensor(observed[None])
     )
-    return torch.nonzero(glitch_mask(x, mask, 8.0)[0]).flatten().tolist()
+    found = glitch_mask(x, mask, 8.0, season, seasonal_factor)
+    return torch.nonzero(found[0]).flatten().tolist()
+
+
+def _strong_daily_cycle(n: int = 24 * 14, seed: int = 0) -> np.ndarray:
+    """A cycle whose daily swing dwarfs its level's noise, as a load or traffic series'."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(n)
+    return 50 + 40 * np.sin(2 * np.pi * t / 24) + rng.normal(0, 1, n)
 
 
 def test_a_clean_series_has_no_glitch():
@@ -71,12 +84,58 @@ def test_a_step_with_one_neighbour_must_lie_twice_as_far_out():
     assert _glitches(values, observed) == [60]
 
 
+def test_a_drop_inside_a_strong_cycle_is_found_by_the_cycle_not_the_window():
+    """A zero at the top of a daily swing lies within the swing of its 25-step window, so the
+    window's median misses it; the same hour of the days around it does not."""
+    values = _strong_daily_cycle()
+    values[24 * 7 + 6] = 0.0  # 06:00, the day's peak (90)
+    assert _glitches(values) == []
+    assert _glitches(values, seasonal_factor=1.5) == [24 * 7 + 6]
+
+
+@pytest.mark.parametrize("where", [1, 3, 26, 28])
+def test_a_zero_near_the_ends_of_a_trend_is_found_by_its_neighbours(where):
+    """Without a season the cycle's reference is the steps on either side. Near the ends of a
+    short trending series the window is cut and its median lags the trend, so a zero there
+    lies within the window's spread, not within its neighbours'; and one neighbour that is a
+    glitch does not make the next step look like one."""
+    rng = np.random.default_rng(1)
+    values = 1000 + 100 * np.arange(30) + rng.normal(0, 20, 30)
+    values[where] = 0.0
+    assert _glitches(values, season=1) == []
+    assert _glitches(values, season=1, seasonal_factor=1.5) == [where]
+
+
+@pytest.mark.parametrize("kind", ["a day apart", "the cycle moving", "a level shift"])
+def test_what_a_cycle_does_as_a_whole_is_not_a_glitch(kind):
+    """Steps that leave the cycle together (a holiday, the peak moving to another hour from a
+    day on, a new level) are the series changing: none is isolated."""
+    t = np.arange(24 * 14)
+    values = _strong_daily_cycle()
+    if kind == "a day apart":
+        values[24 * 7 : 24 * 8] = 50 + 5 * np.sin(2 * np.pi * t[:24] / 24)
+    elif kind == "the cycle moving":
+        values[24 * 9 :] = 50 + 40 * np.sin(2 * np.pi * (t[24 * 9 :] - 3) / 24)
+    else:
+        values[24 * 9 + 5 :] += 60
+    assert _glitches(values, seasonal_factor=1.5) == []
+
+
+def test_a_glitch_found_by_the_window_is_not_read_into_the_cycle():
+    """The window finds a reading ten times too high first; the cycle's test then reads the
+    days around without it, so the same hour a day away is not taken for a glitch too."""
+    values = _strong_daily_cycle(seed=3)
+    values[24 * 7 + 6] *= 10
+    assert _glitches(values, seasonal_factor=1.5) == [24 * 7 + 6]
+
+
 def test_flat_counts_are_never_glitches():
     """Where most readings equal the window's median (intermittent sales), its absolute
     deviation is 0, and any sale would otherwise be a glitch."""
     values = np.zeros(100)
     values[[10, 40, 41, 77]] = [5.0, 1.0, 30.0, 2.0]
     assert _glitches(values) == []
+    assert _glitches(values, season=7, seasonal_factor=1.5) == []
 
 
 def test_unobserved_steps_take_no_part_and_may_hold_anything():
@@ -130,11 +189,17 @@ def test_a_model_saved_before_the_rule_loads_without_it(fitted, tmp_path):
     meta = json.loads((path / "config.json").read_text())
     del meta["train_config"]["glitch_threshold"]
     (path / "config.json").write_text(json.dumps(meta))
-    assert Forecaster.load(path).train_config.glitch_threshold is None
-    assert Forecaster.load(fitted.save(tmp_path / "new")).train_config.glitch_threshold == 8.0
+    del meta["train_config"]["seasonal_glitch_factor"]
+    (path / "config.json").write_text(json.dumps(meta))
+    old = Forecaster.load(path).train_config
+    assert (old.glitch_threshold, old.seasonal_glitch_factor) == (None, None)
+    new = Forecaster.load(fitted.save(tmp_path / "new")).train_config
+    assert (new.glitch_threshold, new.seasonal_glitch_factor) == (8.0, 1.5)
 
 
 @pytest.mark.parametrize("threshold", [0.0, -1.0, float("inf"), float("nan")])
 def test_the_threshold_must_be_positive_and_finite(threshold):
     with pytest.raises(InvalidConfigError, match="glitch_threshold"):
         TrainConfig(glitch_threshold=threshold)
+    with pytest.raises(InvalidConfigError, match="seasonal_glitch_factor"):
+        TrainConfig(seasonal_glitch_factor=threshold)

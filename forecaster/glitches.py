@@ -1,7 +1,7 @@
 """Glitches: single readings far from their neighbours, read as unobserved before forecasting.
 
 The instance scaler's mean and standard deviation are not robust: one reading ten times too
-high a series in the context takes M4 Hourly's holdout OWA from 0.451 to 1.472 (0.465 with
+high a series in the context takes M4 Hourly's holdout OWA from 0.451 to 1.472 (0.458 with
 this rule). A Hampel rule finds such a step: it lies further than `threshold` robust
 deviations (1.4826 times the median absolute deviation, over a centred window of
 `GLITCH_WINDOW` steps) from a reference of what it should be. It is then masked, as a NaN
@@ -13,11 +13,10 @@ would be, so the mask that carries gaps makes it invisible. Two references are a
   `SEASONS_AROUND` seasons before and after it (of the `SEASONS_AROUND` steps before and after
   it where the data has no season), a reading `seasonal_factor` times as far out from what
   the cycle makes of it. A drop to zero inside a strong daily cycle lies within the swing the
-  cycle makes over a window, so only this reference finds it, as it finds a zero in a trending
-  yearly series whose window spans much of the trend. Asked second, it does not read a glitch
-  the level found as part of the cycle, which would make the same step a season away look
-  like one; its further threshold keeps what it masks in clean histories to what costs them
-  nothing measurable (docs/model-choices.md, Glitches).
+  cycle makes over a window, so only this reference finds it, as it finds a zero near the
+  ends of a short trending series, where the cut window lags the trend. Asked second, it does
+  not read a glitch the level found into the cycle, which would make the same step a season
+  away look like one (docs/model-choices.md, Glitches).
 
 Only an isolated step is a glitch: its neighbours are observed and not outlying themselves
 (by the same reference), so a level shift (two outlying steps in a row or more) is never

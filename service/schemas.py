@@ -145,8 +145,8 @@ class SeriesForecast(BaseModel):
         description=(
             "Timestamps of readings the model ignored as glitches: each lay far from its "
             "neighbours (the model's glitch_threshold robust deviations from the median of its "
-            "25-step window) while both neighbours did not. Send a reading as null to have it "
-            "ignored yourself."
+            "25-step window, or from the same step of the seasons around it) while both "
+            "neighbours did not. Send a reading as null to have it ignored yourself."
         ),
     )
     attention: AttentionOut | None = None

@@ -176,7 +176,7 @@ def test_cli_scores_glitched_histories_with_and_without_the_rule(wide_csv, tmp_p
     kinds = "ours (seed 0), one {} glitch a series, {}"
     ruled, window, raw = "glitch rule", "window's glitch test alone", "no glitch rule"
     # Each x10 reading is found by the window's test. A zero lies 5 robust deviations from its
-    # window's median where the daily cycle swings by 20 around 50, within the window's 8: only
+    # window's median where the daily cycle swings by 20 around 50, within the window's 12: only
     # the same hour of the days around it finds it.
     assert rows[kinds.format("x10", ruled)] < 0.5 * rows[kinds.format("x10", raw)]
     assert rows[kinds.format("x10", window)] == rows[kinds.format("x10", ruled)]

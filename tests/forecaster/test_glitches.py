@@ -26,13 +26,23 @@ def _glitches(
     observed: np.ndarray | None = None,
     season: int = 24,
     seasonal_factor: float | None = None,
+    threshold: float = 8.0,
 ) -> list[int]:
+    """The glitches of one series: the window's test alone at 8 robust deviations unless a
+    `seasonal_factor` asks the cycle's too."""
     x = torch.tensor(values[None], dtype=torch.float64)
     mask = (
         torch.ones_like(x, dtype=torch.bool) if observed is None else torch.tensor(observed[None])
     )
-    found = glitch_mask(x, mask, 8.0, season, seasonal_factor)
+    found = glitch_mask(x, mask, threshold, season, seasonal_factor)
     return torch.nonzero(found[0]).flatten().tolist()
+
+
+# The defaults' rule: both tests, at their default thresholds.
+RULE = {
+    "threshold": TrainConfig().glitch_threshold,
+    "seasonal_factor": TrainConfig().seasonal_glitch_factor,
+}
 
 
 def _strong_daily_cycle(n: int = 24 * 14, seed: int = 0) -> np.ndarray:
@@ -90,7 +100,7 @@ def test_a_drop_inside_a_strong_cycle_is_found_by_the_cycle_not_the_window():
     values = _strong_daily_cycle()
     values[24 * 7 + 6] = 0.0  # 06:00, the day's peak (90)
     assert _glitches(values) == []
-    assert _glitches(values, seasonal_factor=1.5) == [24 * 7 + 6]
+    assert _glitches(values, **RULE) == [24 * 7 + 6]
 
 
 @pytest.mark.parametrize("where", [1, 3, 26, 28])
@@ -103,7 +113,7 @@ def test_a_zero_near_the_ends_of_a_trend_is_found_by_its_neighbours(where):
     values = 1000 + 100 * np.arange(30) + rng.normal(0, 20, 30)
     values[where] = 0.0
     assert _glitches(values, season=1) == []
-    assert _glitches(values, season=1, seasonal_factor=1.5) == [where]
+    assert _glitches(values, season=1, **RULE) == [where]
 
 
 @pytest.mark.parametrize("kind", ["a day apart", "the cycle moving", "a level shift"])
@@ -118,7 +128,7 @@ def test_what_a_cycle_does_as_a_whole_is_not_a_glitch(kind):
         values[24 * 9 :] = 50 + 40 * np.sin(2 * np.pi * (t[24 * 9 :] - 3) / 24)
     else:
         values[24 * 9 + 5 :] += 60
-    assert _glitches(values, seasonal_factor=1.5) == []
+    assert _glitches(values, **RULE) == []
 
 
 def test_a_glitch_found_by_the_window_is_not_read_into_the_cycle():
@@ -126,7 +136,7 @@ def test_a_glitch_found_by_the_window_is_not_read_into_the_cycle():
     days around without it, so the same hour a day away is not taken for a glitch too."""
     values = _strong_daily_cycle(seed=3)
     values[24 * 7 + 6] *= 10
-    assert _glitches(values, seasonal_factor=1.5) == [24 * 7 + 6]
+    assert _glitches(values, **RULE) == [24 * 7 + 6]
 
 
 def test_flat_counts_are_never_glitches():
@@ -135,7 +145,7 @@ def test_flat_counts_are_never_glitches():
     values = np.zeros(100)
     values[[10, 40, 41, 77]] = [5.0, 1.0, 30.0, 2.0]
     assert _glitches(values) == []
-    assert _glitches(values, season=7, seasonal_factor=1.5) == []
+    assert _glitches(values, season=7, **RULE) == []
 
 
 def test_unobserved_steps_take_no_part_and_may_hold_anything():
@@ -194,7 +204,7 @@ def test_a_model_saved_before_the_rule_loads_without_it(fitted, tmp_path):
     old = Forecaster.load(path).train_config
     assert (old.glitch_threshold, old.seasonal_glitch_factor) == (None, None)
     new = Forecaster.load(fitted.save(tmp_path / "new")).train_config
-    assert (new.glitch_threshold, new.seasonal_glitch_factor) == (8.0, 1.5)
+    assert (new.glitch_threshold, new.seasonal_glitch_factor) == (12.0, 1.0)
 
 
 @pytest.mark.parametrize("threshold", [0.0, -1.0, float("inf"), float("nan")])

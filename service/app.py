@@ -12,11 +12,12 @@ from pathlib import Path
 import torch
 from fastapi import Depends, FastAPI
 
+from forecaster.outputs import ForecastArrays
 from service.batcher import MicroBatcher
 from service.deps import check_api_key
 from service.errors import install_error_handlers
 from service.forecast_logging import ServiceForecastLog
-from service.inference import predict_items
+from service.inference import ItemForecast, predict_items
 from service.job_runner import JobRunner
 from service.job_store import JobStore
 from service.metrics import MetricsMiddleware, ServiceMetrics, mark_worker_dead
@@ -26,7 +27,7 @@ from service.middleware import (
     BodyLimitMiddleware,
     UnexpectedErrorMiddleware,
 )
-from service.model_manager import ModelManager, ModelSource, RegistrySource
+from service.model_manager import ModelIdentity, ModelManager, ModelSource, RegistrySource
 from service.routers import batch_jobs, docs, forecast, health, models, scoring
 from service.schemas import ForecastRequest
 from service.settings import ServiceSettings
@@ -47,11 +48,20 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     source: ModelSource = app.state.model_source or RegistrySource(settings)
     manager = ModelManager(source, metrics, poll_interval_s=settings.poll_interval_s)
     forecast_log = ServiceForecastLog.from_settings(settings, metrics)
-    on_forecast = forecast_log.record_item if forecast_log is not None else None
+
+    def on_online_forecast(forecast: ItemForecast) -> None:
+        metrics.count_glitches("online", forecast.arrays)
+        if forecast_log is not None:
+            forecast_log.record_item(forecast)
+
+    def on_batch_forecast(arrays: ForecastArrays, identity: ModelIdentity) -> None:
+        metrics.count_glitches("batch", arrays)
+        if forecast_log is not None:
+            forecast_log.record(arrays, identity)
 
     def predict_in_inference_mode(items: list) -> list:
         with torch.inference_mode():
-            return predict_items(items, on_forecast)
+            return predict_items(items, on_online_forecast)
 
     batcher = MicroBatcher(
         predict_in_inference_mode,
@@ -70,7 +80,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         partition_bytes=settings.batch_partition_bytes,
         lease_s=settings.job_lease_s,
         ttl_s=None if settings.job_ttl_hours is None else settings.job_ttl_hours * 3600,
-        on_forecast=forecast_log.record if forecast_log is not None else None,
+        on_forecast=on_batch_forecast,
     )
     app.state.manager = manager
     app.state.batcher = batcher

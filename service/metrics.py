@@ -25,6 +25,8 @@ from prometheus_client import (
 )
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from forecaster.outputs import ForecastArrays
+
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # The `metric` labels of forecaster_model_realised_accuracy (pipelines.monitor's version tags).
 REALISED_METRICS = ("mae", "mase", "coverage", "points")
@@ -153,12 +155,25 @@ class ServiceMetrics:
             ["outcome"],
             registry=r,
         )
+        self.glitches = Counter(
+            "forecaster_glitches_total",
+            "Readings the model read as glitches and did not use, by source (online, batch): "
+            "a feed whose rate jumps has started sending bad readings.",
+            ["source"],
+            registry=r,
+        )
         self.jobs_pending = Gauge(
             "forecaster_batch_jobs_pending",
             "Batch jobs queued or running.",
             registry=r,
             multiprocess_mode="livemax",  # every worker sees the one job store
         )
+
+    def count_glitches(self, source: str, arrays: ForecastArrays) -> None:
+        """Add the readings `arrays`' forecasts did not use as glitches to `source`'s count."""
+        found = sum(len(stamps) for stamps in arrays.glitches)
+        if found:
+            self.glitches.labels(source).inc(found)
 
     def set_realised(self, realised: dict[str, float]) -> None:
         for metric in REALISED_METRICS:

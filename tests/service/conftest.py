@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -181,3 +182,10 @@ def registry(tmp_path: Path) -> Registry:
 def registry_at(tmp_path: Path) -> Callable[[str], Registry]:
     """registry_at(tracking_uri): the registry behind a tracking server."""
     return lambda tracking_uri: Registry(tmp_path, tracking_uri)
+
+
+def glitch_count(client, source: str) -> float:
+    """forecaster_glitches_total{source} as /metrics reports it (0 before any)."""
+    text = client.get("/metrics").text
+    found = re.search(rf'^forecaster_glitches_total{{source="{source}"}} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0

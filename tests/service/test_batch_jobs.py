@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from service.job_store import JobStore
+from tests.service.conftest import glitch_count
 
 HORIZON = 12
 
@@ -183,6 +184,7 @@ def test_glitches_are_counted_and_listed_across_partitions(make_client, fitted, 
     done = wait_for_job(client, response.json()["id"])
     assert done["status"] == "succeeded", done
     assert done["glitches"] == 2
+    assert glitch_count(client, "batch") == 2  # this client's app: its first glitches
     listed = pd.read_csv(io.BytesIO(client.get(done["glitches_url"]).content), parse_dates=["ds"])
     assert list(listed.columns) == ["unique_id", "ds"]
     assert sorted(zip(listed["unique_id"].astype(str), listed["ds"], strict=True)) == sorted(

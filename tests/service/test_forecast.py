@@ -11,7 +11,7 @@ import pytest
 from forecaster import Forecaster
 from forecaster.synthetic import generate_synthetic
 from service.model_manager import ModelIdentity, StaticSource
-from tests.service.conftest import tiny_config
+from tests.service.conftest import glitch_count, tiny_config
 
 CONTEXT, HORIZON = 48, 12  # the tiny model of conftest.py
 
@@ -125,6 +125,7 @@ def test_a_glitch_is_ignored_and_named_in_the_response(client, payload):
     response names its timestamp, so the caller sees which reading was not used."""
     glitched, missing = payload("series_000"), payload("series_000")
     step = CONTEXT - 10
+    before = glitch_count(client, "online")
     glitched["values"][step] *= 10
     missing["values"][step] = None
     clean = client.post("/v1/forecast", json={"series": [payload("series_000")]}).json()
@@ -133,6 +134,8 @@ def test_a_glitch_is_ignored_and_named_in_the_response(client, payload):
     assert out["glitches"] == [glitched["timestamps"][step]]
     assert clean["forecasts"][0]["glitches"] == [] and gap["glitches"] == []
     assert out["mean"] == gap["mean"] and out["quantiles"] == gap["quantiles"]
+    # Operators see the rate in /metrics: one more reading masked.
+    assert glitch_count(client, "online") == before + 1
 
 
 def test_history_longer_than_context_uses_the_latest_points(client, history, payload, fitted):

@@ -111,11 +111,7 @@ class ItemForecast:
         if len(chunks) == 1:
             return chunks[0]
         arrays = ForecastArrays.concat([c.arrays for c in chunks])
-        return ItemForecast(
-            chunks[0].model,
-            arrays,
-            FrameParts.concat([c.parts for c in chunks]),
-        )
+        return ItemForecast(chunks[0].model, arrays, FrameParts.concat([c.parts for c in chunks]))
 
 
 @dataclass

@@ -410,13 +410,13 @@ def _forecast_partition(
                 if written is not None:
                     written.result()
                 written = writes.submit(writer.write_table, result)
-                glitches.append(arrays.glitch_frame())
+                found = arrays.glitch_frame()
+                if len(found):
+                    glitches.append(found)
             forecast = 0 if arrays is None else len(arrays)
+            listed = sum(len(g) for g in glitches)
             in_part = _Counts(
-                in_part.rows + int(hi - lo),
-                in_part.series + forecast,
-                len(errors),
-                in_part.glitches + (0 if arrays is None else len(glitches[-1])),
+                in_part.rows + int(hi - lo), in_part.series + forecast, len(errors), listed
             )
             # Every chunk, bad ones too: a partition can take minutes.
             (before + in_part).report(ctx)
@@ -428,10 +428,10 @@ def _forecast_partition(
             writer.close()
     if writer is None:  # no series of the partition could be forecast
         _empty_result(forecaster, ctx.job).to_parquet(tmp, index=False)
-    if in_part.glitches:
-        listed = temp_beside(glitches_path)
-        pd.concat(glitches, ignore_index=True).to_parquet(listed, index=False)
-        os.replace(listed, glitches_path)
+    if glitches:
+        tmp_glitches = temp_beside(glitches_path)
+        pd.concat(glitches, ignore_index=True).to_parquet(tmp_glitches, index=False)
+        os.replace(tmp_glitches, glitches_path)
     os.replace(tmp, part)
     return in_part, errors
 

@@ -39,7 +39,7 @@ from forecaster.errors import (
     SeriesTooShortError,
     UnknownQuantileError,
 )
-from forecaster.glitches import mask_glitches
+from forecaster.glitches import mask_glitches, series_glitches
 from forecaster.model import PatchTransformer
 from forecaster.outputs import AttentionMaps, ForecastArrays, ModelOutput, no_glitches
 from forecaster.time_axis import (
@@ -147,6 +147,9 @@ class Forecaster:
         self._compiled: tuple[PatchTransformer, torch.nn.Module] | None = None
         self.freq: str | None = None
         self.train_result: TrainResult | None = None
+        # The readings of fit's `df` that the glitch rule finds (`unique_id`, `ds`), left out
+        # of training with TrainConfig.mask_training_glitches; None until fit, and after load.
+        self.training_glitches: pd.DataFrame | None = None
 
     # -- properties the pipelines and the service rely on -------------------------------
     @property
@@ -201,16 +204,19 @@ class Forecaster:
             mc = self.model_config = dataclasses.replace(
                 mc, season_length=season_length(train.freq)
             )
-        panel = SeriesPanel.from_validated(train, mc)
+        glitches = self._glitches(train)
+        self.training_glitches = _rows_frame(train, glitches)
+        masked = self.train_config.mask_training_glitches
+        panel = SeriesPanel.from_validated(train, mc, glitches if masked else None)
         h = mc.prediction_length
         if self.train_config.replay_lr_factors is not None:
             train_set, val = WindowSet(panel, panel.window_origins(h)), None
         elif val_df is not None:
+            validated_val = validate_long_frame(
+                val_df, covariates=mc.covariates, freq=self.freq, allow_missing=True
+            )
             val_panel = SeriesPanel.from_validated(
-                validate_long_frame(
-                    val_df, covariates=mc.covariates, freq=self.freq, allow_missing=True
-                ),
-                mc,
+                validated_val, mc, self._glitches(validated_val) if masked else None
             )
             # Windows whose context is the given history and whose targets are the val points.
             history = np.minimum(mc.context_length, np.maximum(np.diff(val_panel.offsets) - h, 1))
@@ -239,7 +245,7 @@ class Forecaster:
         result = train_model(self.model, train_set, val, self.train_config, callbacks)
         if held_out_tail and self.train_config.tail_epochs and result.kept_lr_factors:
             result = self._train_on_tail(panel, result)
-        self.train_result = result
+        self.train_result = dataclasses.replace(result, n_glitches=int(glitches.sum()))
         self.device = next(self.model.parameters()).device
         return self
 
@@ -549,6 +555,7 @@ class Forecaster:
                 "device": r.device,
                 "epochs": len(r.epochs),
                 "tail_epochs": None if r.tail is None else len(r.tail.epochs),
+                "glitches": r.n_glitches,
             }
         meta = {
             "format_version": FORMAT_VERSION,
@@ -726,6 +733,18 @@ class Forecaster:
             )
         return tuple(matched)
 
+    def _glitches(self, validated: ValidatedFrame) -> np.ndarray:
+        """The rows of a validated history read as glitches (`TrainConfig.glitch_threshold`),
+        each series read whole: (rows,) bool."""
+        tc = self.train_config
+        return series_glitches(
+            np.asarray(validated.columns["y"], dtype=np.float64),
+            validated.offsets,
+            tc.glitch_threshold,
+            self.model_config.season_length or 1,
+            tc.seasonal_glitch_factor,
+        )
+
     def _without_glitches(self, batch: WindowBatch) -> WindowBatch:
         """The batch with its contexts' glitches masked (`TrainConfig.glitch_threshold`)."""
         tc = self.train_config
@@ -805,6 +824,18 @@ def _context_timestamps(steps: np.ndarray, last_timestamps: np.ndarray, freq: st
         for row in np.unique(rows):
             out[row] = stamps[rows == row]
     return out
+
+
+def _rows_frame(validated: ValidatedFrame, rows: np.ndarray) -> pd.DataFrame:
+    """Long frame `unique_id, ds` of the `rows` (bool, one per row) of a validated history."""
+    index = np.flatnonzero(rows)
+    series = np.searchsorted(validated.offsets, index, side="right") - 1
+    return pd.DataFrame(
+        {
+            ID: pd.array(np.asarray(validated.series_ids, dtype=object)[series], dtype="string"),
+            TIME: np.asarray(validated.columns[TIME])[index].astype("datetime64[ns]"),
+        }
+    )
 
 
 def _to(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:

@@ -31,6 +31,7 @@ nothing is masked: any move off it would otherwise be one.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -43,6 +44,9 @@ SEASONS_AROUND = 3
 EDGE_FACTOR = 2.0
 # Rows whose glitches are found at once (memory, see mask_glitches).
 _ROWS_AT_ONCE = 1024
+# Steps (rows times their length) whose glitches are found at once in whole histories: the
+# windows' medians then hold 25 times as many float64 values, 50 MB (see series_glitches).
+_STEPS_AT_ONCE = 1 << 18
 # Median absolute deviation to standard deviation for normal data.
 _MAD_TO_STD = 1.4826
 
@@ -146,4 +150,42 @@ def mask_glitches(
     return observed & ~glitches
 
 
-__all__ = ["GLITCH_WINDOW", "SEASONS_AROUND", "glitch_mask", "mask_glitches"]
+def series_glitches(
+    values: np.ndarray,
+    offsets: np.ndarray,
+    threshold: float | None,
+    season: int = 1,
+    seasonal_factor: float | None = None,
+) -> np.ndarray:
+    """The glitches (`glitch_mask`) of whole series laid end to end: (T,) values, NaN where
+    unobserved, with series `k` at `offsets[k]:offsets[k + 1]` -> (T,) bool; none when
+    `threshold` is None.
+
+    Each series is read alone, as a row of its own: the rule's windows stop at its ends.
+    """
+    found = np.zeros(len(values), dtype=bool)
+    if threshold is None:
+        return found
+    lengths = np.diff(offsets)
+    order = np.argsort(lengths, kind="stable")
+    begin = 0
+    while begin < len(order):
+        # Series of similar length share a block, padded on the right to the longest: padding
+        # is unobserved, which is what the rule reads beyond a row's ends anyway.
+        end = begin + 1
+        while end < len(order) and (end - begin + 1) * lengths[order[end]] <= _STEPS_AT_ONCE:
+            end += 1
+        block = order[begin:end]
+        width = int(lengths[block].max())
+        begin = end
+        if width < 3:
+            continue
+        steps = offsets[block][:, None] + np.arange(width)  # (b, W) positions in `values`
+        inside = np.arange(width) < lengths[block][:, None]  # (b, W)
+        rows = torch.from_numpy(np.where(inside, values[np.where(inside, steps, 0)], np.nan))
+        glitches = glitch_mask(rows, ~rows.isnan(), threshold, season, seasonal_factor).numpy()
+        found[steps[glitches]] = True  # padding is never a glitch: it is unobserved
+    return found
+
+
+__all__ = ["GLITCH_WINDOW", "SEASONS_AROUND", "glitch_mask", "mask_glitches", "series_glitches"]

@@ -126,6 +126,8 @@ class TrainResult:
     # The epochs the kept weights then trained on every window, the held-out tail's included
     # (TrainConfig.tail_epochs); None when there were none.
     tail: TrainResult | None = None
+    # Readings of the training data the glitch rule finds (Forecaster.training_glitches).
+    n_glitches: int = 0
 
 
 def resolve_device(name: str = "auto") -> torch.device:

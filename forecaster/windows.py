@@ -38,10 +38,18 @@ class SeriesPanel:
     loss_scale: np.ndarray  # (n_series,) the unit in which each series' errors are counted
 
     @classmethod
-    def from_validated(cls, validated: ValidatedFrame, config: ModelConfig) -> SeriesPanel:
+    def from_validated(
+        cls,
+        validated: ValidatedFrame,
+        config: ModelConfig,
+        unobserved: np.ndarray | None = None,
+    ) -> SeriesPanel:
         """The panel of a validated history (grouped by series, on a regular grid, NaN =
-        missing), taking its series boundaries from the validation."""
+        missing), taking its series boundaries from the validation; the rows where
+        `unobserved` (bool, one per row) is True read as missing too."""
         values = np.asarray(validated.columns["y"], dtype=np.float64)
+        if unobserved is not None:
+            values = np.where(unobserved, np.nan, values)
         return cls(
             values=values,
             covariates=covariate_matrix(validated.columns, config),

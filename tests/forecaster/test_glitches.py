@@ -10,9 +10,10 @@ import pandas as pd
 import pytest
 import torch
 
-from forecaster import Forecaster, TrainConfig
+from forecaster import Forecaster, ModelConfig, TrainConfig, glitches
 from forecaster.errors import InvalidConfigError
-from forecaster.glitches import glitch_mask, mask_glitches
+from forecaster.glitches import glitch_mask, mask_glitches, series_glitches
+from tests.forecaster.conftest import TINY_MODEL, TINY_TRAIN
 
 
 def _noisy_daily_cycle(n: int = 200, seed: int = 0) -> np.ndarray:
@@ -167,6 +168,34 @@ def test_no_threshold_masks_nothing():
     assert not mask_glitches(values, observed, 8.0)[0, 120]
 
 
+def test_series_laid_end_to_end_are_each_read_alone(monkeypatch):
+    """`series_glitches` finds in each series of a panel what `glitch_mask` finds in it alone,
+    however many series share a block of rows."""
+    rng = np.random.default_rng(1)
+    histories = []
+    for n in [2, 5, 40, 200, 333, 24 * 14]:
+        values = _noisy_daily_cycle(n, seed=n)
+        values[rng.choice(n, size=1 + n // 60, replace=False)] *= 10
+        values[rng.random(n) < 0.05] = np.nan
+        histories.append(values)
+    expected = np.concatenate(
+        [
+            glitch_mask(torch.tensor(h[None]), torch.tensor(~np.isnan(h[None])), **RULE, season=24)
+            .numpy()
+            .ravel()
+            for h in histories
+        ]
+    )
+    assert expected.sum() >= 4
+    values = np.concatenate(histories)
+    offsets = np.cumsum([0] + [len(h) for h in histories])
+    for steps_at_once in [1 << 20, 400, 1]:
+        monkeypatch.setattr(glitches, "_STEPS_AT_ONCE", steps_at_once)
+        found = series_glitches(values, offsets, RULE["threshold"], 24, RULE["seasonal_factor"])
+        np.testing.assert_array_equal(found, expected)
+    assert not series_glitches(values, offsets, None).any()
+
+
 def _with_glitch(series: pd.DataFrame, value: float) -> pd.DataFrame:
     """`series` with one reading, ten steps before the end of the first series, replaced."""
     first = series["unique_id"] == series["unique_id"].iloc[0]
@@ -192,6 +221,41 @@ def test_a_glitch_forecasts_as_the_same_step_missing(fitted, series):
     unmasked.train_config = dataclasses.replace(fitted.train_config, glitch_threshold=None)
     raw = unmasked.predict(_with_glitch(series, 10 * level))
     assert (raw["mean"] - missing["mean"]).abs().max() > 1e-3 * level
+
+
+def test_fit_names_the_glitches_of_whole_histories_and_trains_on_them(series):
+    """By default fit reads each series' whole history by the model's rule and names what it
+    finds, and trains on the readings as they are; without a rule it finds nothing."""
+    level = float(series["y"].abs().max())
+    model, train = ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN)
+    glitched = _with_glitch(series, 10 * level)
+    fitted = Forecaster(model, train).fit(glitched)
+    first = series[series["unique_id"] == series["unique_id"].iloc[0]]
+    assert fitted.training_glitches.to_dict("list") == {
+        "unique_id": [first["unique_id"].iloc[-10]],
+        "ds": [first["ds"].iloc[-10]],
+    }
+    assert fitted.train_result.n_glitches == 1
+    missing = Forecaster(model, train).fit(_with_glitch(series, np.nan))
+    difference = fitted.predict(series)["mean"] - missing.predict(series)["mean"]
+    assert difference.abs().max() > 1e-3 * level  # trained on
+    no_rule = dataclasses.replace(train, glitch_threshold=None)
+    unread = Forecaster(model, no_rule).fit(glitched)
+    assert unread.training_glitches.empty and unread.train_result.n_glitches == 0
+    assert missing.training_glitches.empty
+
+
+def test_masked_training_leaves_a_glitch_out_as_a_missing_reading(series):
+    """With `mask_training_glitches` a glitch in the training data neither sets a window's
+    scale nor counts as a target: the model trains as if the reading were missing, to the
+    digit."""
+    level = float(series["y"].abs().max())
+    model = ModelConfig(**TINY_MODEL)
+    train = TrainConfig(**TINY_TRAIN, mask_training_glitches=True)
+    glitched = Forecaster(model, train).fit(_with_glitch(series, 10 * level))
+    missing = Forecaster(model, train).fit(_with_glitch(series, np.nan))
+    pd.testing.assert_frame_equal(glitched.predict(series), missing.predict(series))
+    assert (glitched.train_result.n_glitches, missing.train_result.n_glitches) == (1, 0)
 
 
 def test_a_model_saved_before_the_rule_loads_without_it(fitted, tmp_path):

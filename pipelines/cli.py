@@ -177,9 +177,18 @@ def train_command(args: argparse.Namespace) -> int:
         data = load_data(settings, None)
         summary = train_and_register(settings, data, run)
     print(f"run       {summary.run_id}")
+    _print_glitches(summary.training.glitches)
     print(f"version   {summary.version.name} v{summary.version.version} -> @challenger")
     _print_table(summary.evaluation)
     return 0
+
+
+def _print_glitches(count: int) -> None:
+    if count:
+        print(
+            f"glitches  {count} reading(s) of the training data look like glitches "
+            f"(listed in the run's data/training_glitches.csv)"
+        )
 
 
 @command
@@ -253,6 +262,7 @@ def _print_retrain(settings, result) -> None:
         f"run       {result.run_id} (experiment {settings.experiment!r} at {settings.resolved_tracking_uri})"
     )
     print(f"data      {result.fingerprint}")
+    _print_glitches(result.training_glitches)
     if result.monitoring is not None:
         _print_monitoring(result.monitoring)
     print(f"version   {result.version.name} v{result.version.version} -> @challenger")

@@ -75,6 +75,7 @@ def refit(
                 "train.data": "all",
                 "train.window_end": data.end.isoformat(),
                 "train.epochs": str(len(factors)),
+                "train.glitches": str(refitted.train_result.n_glitches),
                 "code_version": code_version(),
             },
         )

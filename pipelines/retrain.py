@@ -69,6 +69,8 @@ class RetrainResult:
     refit_version: ModelRef | None = None
     # How the champion in place before the run did on the data observed since it forecast.
     monitoring: MonitorResult | None = None
+    # Readings of the training split the glitch rule finds.
+    training_glitches: int = 0
 
     @property
     def champion_version(self) -> str | None:
@@ -254,6 +256,7 @@ def train_and_register(
             "data.end": data.end.isoformat(),
             "train.window_end": parts.val_end.isoformat(),
             "train.train_end": parts.train_end.isoformat(),
+            "train.glitches": str(outcome.glitches),
             "code_version": code_version(),
             # Every backtest score: monitoring compares the realised MASE with backtest.mase.
             **{f"backtest.{name}": f"{value:.6g}" for name, value in evaluation.model.items()},
@@ -304,6 +307,7 @@ def retrain(
             fingerprint=ingested.fingerprint,
             refit_version=refit_version,
             monitoring=monitoring,
+            training_glitches=summary.training.glitches,
         )
 
 

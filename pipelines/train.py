@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import platform
+import tempfile
 import time
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric, Param
@@ -31,6 +33,7 @@ class TrainOutcome:
     epochs: int
     seconds: float
     device: str
+    glitches: int  # readings of the training data the glitch rule finds
 
 
 class MlflowEpochLogger:
@@ -100,7 +103,9 @@ def train(
     """Fit a Forecaster on ``data.train`` with early stopping on ``data.val``.
 
     Logs to run ``run_id``: every model and train config value, package versions, the seed,
-    the device, and per epoch train loss, validation loss and learning rate.
+    the device, per epoch train loss, validation loss and learning rate, and how many readings
+    of the training data the glitch rule finds (`training_glitches`; listed in the artifact
+    ``data/training_glitches.csv`` when there are any).
     """
     forecaster = Forecaster(model_config, train_config)
     params = config_params(model_config, train_config)
@@ -125,8 +130,13 @@ def train(
         epochs=len(result.epochs) if result else 0,
         seconds=seconds,
         device=str(forecaster.device),
+        glitches=result.n_glitches if result else 0,
     )
-    summary = {"train_seconds": seconds, "best_epoch": float(outcome.best_epoch)}
+    summary = {
+        "train_seconds": seconds,
+        "best_epoch": float(outcome.best_epoch),
+        "training_glitches": float(outcome.glitches),
+    }
     if result:
         # The factor of windows with more than L/2 of history, then one per shorter band.
         *shorter, summary["interval_scale"] = result.interval_scale
@@ -142,4 +152,16 @@ def train(
         # the window mean), as validation chose them.
         imputed = [b for b, i in zip(HISTORY_BANDS, result.impute_padding, strict=True) if i]
         client.set_tag(run_id, "padding_imputed", ",".join(imputed) or "none")
+    glitches = forecaster.training_glitches
+    if glitches is not None and len(glitches):
+        logger.info(
+            "%d readings of %d series in the training data look like glitches%s",
+            len(glitches),
+            glitches["unique_id"].nunique(),
+            " and were left out" if train_config.mask_training_glitches else "",
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            listed = Path(tmp) / "training_glitches.csv"
+            glitches.to_csv(listed, index=False)
+            client.log_artifact(run_id, str(listed), "data")
     return outcome

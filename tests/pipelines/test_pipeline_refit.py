@@ -25,6 +25,7 @@ def test_the_promoted_configuration_is_refit_on_all_data_and_serves(tmp_path):
     assert tags["train.window_end"] == last  # it saw every point
     assert client.get_model_version("forecaster", evaluated).tags["train.window_end"] < last
     assert tags["refit.of_version"] == evaluated
+    assert tags["train.glitches"] == "0"  # what the refit left out of all the data
     assert client.get_model_version("forecaster", evaluated).tags["refit.version"] == refitted
     assert tags["promotion.decision"] == "promoted"  # the evaluated twin's scores travel along
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -56,6 +57,7 @@ def test_refit_off_keeps_the_evaluated_version_as_champion(tmp_path, data_csv, c
     assert main(["retrain", "--config", str(cfg), "--data", str(data_csv)]) == 0
     out = capsys.readouterr().out
     assert "refit     " not in out and "champion  forecaster v1" in out
+    assert "glitches" not in out  # none in clean data
 
 
 def test_retrain_prints_the_refit(tmp_path, data_csv, capsys):

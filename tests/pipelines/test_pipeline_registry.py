@@ -8,6 +8,7 @@ from pathlib import Path
 
 import mlflow
 import numpy as np
+import pandas as pd
 import pytest
 
 from forecaster import Forecaster
@@ -53,12 +54,38 @@ def test_the_run_holds_params_learning_curves_metrics_and_artifacts(champion_sto
     for kind in ("encoder", "decoder_self", "cross"):
         earned = run.data.metrics[f"attention_earned_{kind}"]
         assert earned == pytest.approx(result.evaluation.attention_earned[kind])
+    assert run.data.metrics["training_glitches"] == 0
     artifacts = {a.path for a in client.list_artifacts(result.run_id)}
     assert {"evaluation", "plots"} <= artifacts
+    assert "data" not in artifacts  # no glitch to list
     plots = {a.path for a in client.list_artifacts(result.run_id, "plots")}
     assert plots == {"plots/forecast.png", "plots/attention.png"}
     local = client.download_artifacts(result.run_id, "plots/forecast.png", str(root))
     assert Path(local).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_run_names_the_training_readings_read_as_glitches(tmp_path, capsys):
+    """A bad reading in the training data is found: the CLI, the run and the version count
+    it, and the run lists it."""
+    frame = synthetic()
+    bad = frame.index[frame["unique_id"] == frame["unique_id"].iloc[0]][100]
+    frame.loc[bad, "y"] = 10 * frame["y"].abs().max()
+    frame.to_csv(tmp_path / "series.csv", index=False)
+    cfg = config_file(tmp_path)
+    assert main(["retrain", "--config", str(cfg), "--data", str(tmp_path / "series.csv")]) == 0
+    assert (
+        "glitches  1 reading(s) of the training data look like glitches" in capsys.readouterr().out
+    )
+    client = client_for(tmp_path)
+    version = client.get_model_version("forecaster", "1")
+    assert version.tags["train.glitches"] == "1"
+    assert client.get_run(version.run_id).data.metrics["training_glitches"] == 1
+    local = client.download_artifacts(version.run_id, "data/training_glitches.csv", str(tmp_path))
+    listed = pd.read_csv(local, parse_dates=["ds"])
+    assert listed.to_dict("list") == {
+        "unique_id": [frame.loc[bad, "unique_id"]],
+        "ds": [frame.loc[bad, "ds"]],
+    }
 
 
 def test_resolve_and_load_the_champion(champion_store, tmp_path):

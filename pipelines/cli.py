@@ -326,11 +326,6 @@ def predict_command(args: argparse.Namespace) -> int:
                 field="quantiles",
             ) from None
     if args.engine == "spark":
-        if args.glitches:
-            raise InvalidConfigError(
-                "--glitches: the spark engine does not list glitches; use --engine local",
-                field="glitches",
-            )
         from pipelines.spark import predict_spark  # pyspark only when asked for
 
         summary = predict_spark(
@@ -342,6 +337,7 @@ def predict_command(args: argparse.Namespace) -> int:
             quantiles=quantiles,
             tracking_uri=settings.resolved_tracking_uri,
             device=args.device,
+            glitches_output=args.glitches,
         )
     else:
         from pipelines.predict import predict_file
@@ -458,7 +454,7 @@ def register_commands(subparsers: argparse._SubParsersAction) -> None:
         "--glitches",
         metavar="PATH",
         help="CSV or Parquet listing (unique_id, ds) each reading the model read as a glitch "
-        "and did not use (--engine local)",
+        "and did not use",
     )
     p.add_argument(
         "--no-forecast-log",

@@ -48,12 +48,15 @@ from forecaster import Forecaster
 from forecaster.errors import EmptyDataError, ForecasterInputError, MissingColumnsError
 from forecaster.time_axis import wall_clock_for
 from forecaster.validation import ID, TARGET, TIME, parse_timestamps
-from pipelines.predict import _CSV, PredictSummary, forecast_batch, load_model
+from pipelines.predict import _CSV, PredictSummary, _Writer, forecast_batch, load_model
 from pipelines.registry import ModelRef
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
+
+# The column that carries each series' glitches (on its first forecast row) out of a worker.
+_GLITCHES = "_glitches"
 
 # Models loaded in this Python worker, by (model, tracking URI, device).
 _WORKER_MODELS: dict[tuple[str, str | None, str | None], Forecaster] = {}
@@ -160,8 +163,12 @@ def _forecast(
     device: str | None,
     buckets: int | None,
     source: str,
+    glitches: bool = False,
 ) -> DataFrame:
+    """The forecasts; with `glitches`, a column `_GLITCHES` holds each series' glitch
+    timestamps on its first row (null elsewhere)."""
     from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, StructField, TimestampNTZType
 
     # Workers load this exact version (or an absolute directory), however the alias moves.
     pinned = f"models:/{ref.name}/{ref.version}" if ref else str(Path(model).resolve())
@@ -174,6 +181,9 @@ def _forecast(
             field=missing[0],
         )
     schema = output_schema(forecaster, horizon=horizon, quantiles=quantiles)
+    columns = tuple(schema.fieldNames())
+    if glitches:
+        schema = schema.add(StructField(_GLITCHES, ArrayType(TimestampNTZType())))
     n_buckets = buckets or int(df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
     score = functools.partial(
         _forecast_group,
@@ -182,7 +192,8 @@ def _forecast(
         device=device,
         horizon=horizon,
         quantiles=None if quantiles is None else tuple(quantiles),
-        columns=tuple(schema.fieldNames()),
+        columns=columns,
+        glitches=glitches,
     )
     rows = df.select(F.col(ID).cast("string").alias(ID), *needed[1:])
     return rows.groupBy(F.pmod(F.xxhash64(ID), F.lit(n_buckets))).applyInPandas(score, schema)
@@ -233,8 +244,10 @@ def _forecast_group(
     horizon: int | None,
     quantiles: tuple[float, ...] | None,
     columns: tuple[str, ...],
+    glitches: bool = False,
 ) -> pd.DataFrame:
-    """One bucket of series, in a Python worker: the local path's batched forecast."""
+    """One bucket of series, in a Python worker: the local path's batched forecast (and each
+    series' glitches on its first row, with `glitches`)."""
     key = (model, tracking_uri, device)
     if key not in _WORKER_MODELS:
         import torch
@@ -246,10 +259,16 @@ def _forecast_group(
         _WORKER_MODELS[key] = load_model(model, tracking_uri=tracking_uri, device=device)[0]
     forecaster = _WORKER_MODELS[key]
     frame = _read_csv_missing(frame, [TARGET, *forecaster.model_config.covariates])
-    forecast = forecast_batch(
-        forecaster, _in_time_order(frame), horizon=horizon, quantiles=quantiles
-    ).to_frame()
-    return forecast[list(columns)]
+    arrays = forecast_batch(forecaster, _in_time_order(frame), horizon=horizon, quantiles=quantiles)
+    forecast = arrays.to_frame()[list(columns)]
+    if glitches:
+        listed = np.full(len(forecast), None, dtype=object)
+        steps = len(forecast) // max(len(arrays), 1)  # rows are series by series
+        for k, stamps in enumerate(arrays.glitches):
+            if len(stamps):
+                listed[k * steps] = list(pd.to_datetime(stamps).to_pydatetime())
+        forecast[_GLITCHES] = listed
+    return forecast
 
 
 def _read_csv_missing(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
@@ -367,11 +386,14 @@ def predict_spark(
     quantiles: Sequence[float] | None = None,
     tracking_uri: str | None = None,
     device: str | None = None,
+    glitches_output: str | None = None,
 ) -> PredictSummary:
     """``forecaster predict --engine spark``: forecast a file, write a directory of Parquet parts.
 
     The output holds the rows local ``predict_file`` writes (in no particular order); on a
     local filesystem it is replaced only by a job that succeeds, as the local path's file is.
+    With ``glitches_output`` (a local CSV or Parquet file) the readings read as glitches are
+    listed there as the local path lists them (``unique_id, ds``, sorted), from the same job.
 
     Raises:
         ForecasterInputError: the input is missing, not long, or holds bad rows (named as the
@@ -389,6 +411,15 @@ def predict_spark(
         )
     if "://" not in input_path and not Path(input_path).exists():
         raise ForecasterInputError(f"input {input_path}: no such file", field="input")
+    if (
+        glitches_output is not None
+        and Path(glitches_output).resolve() == Path(output_path).resolve()
+    ):
+        raise ForecasterInputError(
+            f"glitches {glitches_output}: the same path as the output; expected another",
+            field="glitches",
+        )
+    glitch_writer = None if glitches_output is None else _GlitchFile(Path(glitches_output))
     forecaster, ref = load_model(model, tracking_uri=tracking_uri, device="cpu")
     spark = spark_session(master)
     try:
@@ -418,13 +449,53 @@ def predict_spark(
         device=device,
         buckets=None,
         source=f"input {input_path}",
+        glitches=glitch_writer is not None,
     )
-    with worker_errors(), _replaced_on_success(output_path) as written:
-        forecasts.write.mode("overwrite").parquet(written)
-        n_rows = spark.read.parquet(written).count()
-        if n_rows == 0:
-            raise EmptyDataError(f"input {input_path}: no forecasts were produced: no series")
+    listed = None
+    if glitch_writer is not None:
+        forecasts = forecasts.persist()  # one job: the forecasts, then their glitches
+    try:
+        with worker_errors(), _replaced_on_success(output_path) as written:
+            forecasts.drop(_GLITCHES).write.mode("overwrite").parquet(written)
+            n_rows = spark.read.parquet(written).count()
+            if n_rows == 0:
+                raise EmptyDataError(f"input {input_path}: no forecasts were produced: no series")
+            if glitch_writer is not None:
+                listed = glitch_writer.write(forecasts)
+    finally:
+        if glitch_writer is not None:
+            forecasts.unpersist()
     n_series = n_rows // (horizon or forecaster.max_horizon)
     return PredictSummary(
-        ref, Path(output_path), n_series, None, n_rows, time.perf_counter() - started
+        ref,
+        Path(output_path),
+        n_series,
+        None,
+        n_rows,
+        time.perf_counter() - started,
+        0 if listed is None else len(listed),
+        0 if listed is None else int(listed[ID].nunique()),
+        None if glitches_output is None else Path(glitches_output),
     )
+
+
+class _GlitchFile:
+    """The glitches file of a Spark prediction, written as the local path writes it."""
+
+    def __init__(self, path: Path):
+        self.writer = _Writer(path, role="glitches", allow_empty=True)  # checks the suffix
+
+    def write(self, forecasts: DataFrame) -> pd.DataFrame:
+        """List the glitches of `forecasts` (from `_forecast(..., glitches=True)`); returns them."""
+        from pyspark.sql import functions as F
+
+        exploded = forecasts.select(ID, F.explode(_GLITCHES).alias(TIME))
+        listed = exploded.toPandas().sort_values([ID, TIME], ignore_index=True)
+        listed = listed.astype({ID: "string", TIME: "datetime64[ns]"})
+        try:
+            self.writer.write(listed)
+            self.writer.commit()
+        except BaseException:
+            self.writer.abort()
+            raise
+        return listed

@@ -229,7 +229,4 @@ def test_the_glitches_file_cannot_be_the_output(model_dir, history, tmp_path, ca
     assert "glitches" in capsys.readouterr().err
     assert main([*args, "--output", out, "--glitches", str(tmp_path / "g.txt")]) == 2
     assert "glitches" in capsys.readouterr().err
-    spark = ["--engine", "spark", "--glitches", str(tmp_path / "g.csv")]
-    assert main([*args, "--output", str(tmp_path / "parts"), *spark]) == 2
-    assert "--glitches: the spark engine does not list glitches" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == [tmp_path / "in.csv"]

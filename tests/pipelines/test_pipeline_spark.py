@@ -42,6 +42,8 @@ def history() -> pd.DataFrame:
     frame = frame[~short].reset_index(drop=True)
     gap = frame.index[(frame["unique_id"] == "series_002")][40]
     frame.loc[gap, "y"] = np.nan
+    glitch = frame.index[(frame["unique_id"] == "series_003")][-10]
+    frame.loc[glitch, "y"] = 10 * frame["y"].abs().max()
     return frame
 
 
@@ -89,13 +91,22 @@ def test_cli_spark_engine_with_the_registered_champion(
     common = ["predict", "--tracking-uri", tracking_uri, "--model", CHAMPION]
     common += ["--input", str(source), "--horizon", "5", "--quantiles", "0.1,0.9"]
     out = tmp_path / "forecasts"
-    assert main([*common, "--engine", "spark", "--master", "local[2]", "--output", str(out)]) == 0
-    assert "wrote 25 forecast rows for 5 series with forecaster v1" in capsys.readouterr().out
+    spark_glitches, local_glitches = tmp_path / f"g_spark{suffix}", tmp_path / f"g_local{suffix}"
+    spark_args = ["--engine", "spark", "--master", "local[2]", "--output", str(out)]
+    assert main([*common, *spark_args, "--glitches", str(spark_glitches)]) == 0
+    printed = capsys.readouterr().out
+    assert "wrote 25 forecast rows for 5 series with forecaster v1" in printed
+    assert "1 readings of 1 series were read as glitches" in printed
     assert list(out.glob("part-*.parquet")), "Spark's layout: a directory of part files"
-    assert main([*common, "--output", str(tmp_path / "local.parquet"), "--no-progress"]) == 0
+    local_args = ["--output", str(tmp_path / "local.parquet"), "--no-progress"]
+    assert main([*common, *local_args, "--glitches", str(local_glitches)]) == 0
     local = pd.read_parquet(tmp_path / "local.parquet")
     assert list(local.columns) == ["unique_id", "ds", "mean", "q0.1", "q0.9"]
     _assert_same_rows(pd.read_parquet(out), local)
+    read = pd.read_parquet if suffix == ".parquet" else pd.read_csv
+    listed = read(spark_glitches)
+    pd.testing.assert_frame_equal(listed, read(local_glitches))
+    assert listed["unique_id"].tolist() == ["series_003"]
 
 
 def test_cli_spark_engine_names_bad_input(spark, tracking_uri, history, tmp_path, capsys):

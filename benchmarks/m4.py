@@ -62,6 +62,11 @@ draw for every kind, seed 0), with the library's glitch rule (`TrainConfig.glitc
 and without a rule, and the clean holdout in each setting: what the rule recovers and what it
 costs clean histories.
 
+`--dirty-training RATE` makes each reading of every history a glitch (ten times too high or
+zero, evenly) with probability RATE before anything fits or forecasts, the holdout left clean:
+what glitches all along the training data cost, and what leaving out those the rule finds
+recovers (`--set train.mask_training_glitches=true`).
+
 `--attention` scores each fitted model once more with each kind of its attention made uniform
 (`forecaster.explain`): what attention earns on the held-out points, and how peaked it is.
 
@@ -316,6 +321,20 @@ def with_glitches(split: Split, context_length: int, seed: int = 0) -> dict[str,
     return glitched
 
 
+def with_dirty_histories(split: Split, rate: float, seed: int = 0) -> Split:
+    """The split with each observed reading of every history, with probability `rate`, made
+    a glitch of one kind of `GLITCHES` (drawn evenly); the scale of MASE unchanged."""
+    rng = np.random.default_rng(seed)
+    kinds = list(GLITCHES.values())
+    history = []
+    for h in split.history:
+        h = h.copy()
+        for step in np.flatnonzero(~np.isnan(h) & (rng.random(len(h)) < rate)):
+            h[step] = kinds[rng.integers(len(kinds))](h[step])
+        history.append(h)
+    return replace(split, history=history)
+
+
 def glitch_rules(rule: TrainConfig) -> list[tuple[str, TrainConfig]]:
     """The model's glitch rule, its window's test alone (where it has the cycle's too), and
     no rule: the forecast-time settings `--glitches` scores, by label."""
@@ -460,6 +479,7 @@ def run_ours(split: Split, seed: int, overrides: dict) -> tuple[Forecaster, np.n
             "impute_padding": r.impute_padding,
             "patch_length": forecaster.model_config.patch_length,
             "parameters": sum(p.numel() for p in forecaster.model.parameters()),
+            "training_glitches": r.n_glitches,
             **calibration(
                 split, predicted, forecaster.quantiles, forecaster.model_config.context_length
             ),
@@ -618,6 +638,13 @@ def main(argv: list[str] | None = None) -> int:
         "without the glitch rule",
     )
     parser.add_argument(
+        "--dirty-training",
+        type=float,
+        metavar="RATE",
+        help="make each reading of every history a glitch (x10 or zero) with probability "
+        "RATE before anything fits: what glitches all along the training data cost",
+    )
+    parser.add_argument(
         "--refit",
         action="store_true",
         help="also score each fitted model refit on every window along its kept path",
@@ -643,6 +670,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         # M4's published Naive2 figures and anchors are for its own horizon.
         group = replace(group, horizon=args.horizon, naive2=None, anchors=())
+    if args.dirty_training is not None and not 0 < args.dirty_training < 1:
+        print(
+            f"error: --dirty-training {args.dirty_training}: expected a rate between 0 and 1",
+            file=sys.stderr,
+        )
+        return 2
     overrides = overrides_of(args)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
@@ -656,6 +689,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.short_and_gappy:
         split = short_and_gappy(split, model_config.context_length)
         mode += ", a third of the histories cut short, 5% of points missing"
+    if args.dirty_training is not None:
+        split = with_dirty_histories(split, args.dirty_training)
+        mode += f", {args.dirty_training:g} of the readings glitches (x10 or zero)"
     rows: list[dict] = []
 
     def add(

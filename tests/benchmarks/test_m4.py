@@ -166,6 +166,25 @@ def test_with_glitches_changes_one_observed_reading_of_the_last_context_a_series
         np.testing.assert_array_equal(damaged.history[3], split.history[3])
 
 
+def test_dirty_histories_make_about_rate_of_the_readings_glitches_and_keep_the_rest(wide_csv):
+    split = m4.make_split(wide_csv, None, HOURLY)
+    dirty = m4.with_dirty_histories(split, rate=0.1)
+    changed = total = 0
+    for clean, h in zip(split.history, dirty.history, strict=True):
+        moved = clean != h
+        assert np.all((h[moved] == 10 * clean[moved]) | (h[moved] == 0.0))
+        changed, total = changed + moved.sum(), total + len(clean)
+    assert 0.05 < changed / total < 0.15
+    np.testing.assert_array_equal(dirty.truth, split.truth)  # the holdout stays clean
+    np.testing.assert_array_equal(dirty.scales, split.scales)
+
+
+@pytest.mark.parametrize("rate", ["0", "1", "-0.1"])
+def test_dirty_training_rate_outside_0_1_exits_2(wide_csv, capsys, rate):
+    assert m4.main(["--data", str(wide_csv), "--dirty-training", rate]) == 2
+    assert "--dirty-training" in capsys.readouterr().err
+
+
 def test_cli_scores_glitched_histories_with_and_without_the_rule(wide_csv, tmp_path):
     out = tmp_path / "m4.json"
     args = ["--data", str(wide_csv), "--no-peers", "--glitches", "--json", str(out)]

@@ -340,7 +340,8 @@ def glitch_rules(rule: TrainConfig) -> list[tuple[str, TrainConfig]]:
     no rule: the forecast-time settings `--glitches` scores, by label."""
     rules = [("glitch rule", rule)]
     if rule.glitch_threshold is not None and rule.seasonal_glitch_factor is not None:
-        rules.append(("window's glitch test alone", replace(rule, seasonal_glitch_factor=None)))
+        window_alone = replace(rule, seasonal_glitch_factor=None, zero_glitch_ratio=None)
+        rules.append(("window's glitch test alone", window_alone))
     return [*rules, ("no glitch rule", replace(rule, glitch_threshold=None))]
 
 

@@ -601,6 +601,7 @@ class Forecaster:
         model_values = dict(meta["model_config"])
         train_values.setdefault("glitch_threshold", None)  # saved before the rule: none
         train_values.setdefault("seasonal_glitch_factor", None)  # before the cycle's test
+        train_values.setdefault("zero_glitch_ratio", None)  # before the zeros' test
         if "naive_head" in model_values:  # saved before its blend could be gates: softmax
             model_values.setdefault("naive_blend", "softmax")
         forecaster = cls(
@@ -743,6 +744,7 @@ class Forecaster:
             tc.glitch_threshold,
             self.model_config.season_length or 1,
             tc.seasonal_glitch_factor,
+            tc.zero_glitch_ratio,
         )
 
     def _without_glitches(self, batch: WindowBatch) -> WindowBatch:
@@ -754,6 +756,7 @@ class Forecaster:
             tc.glitch_threshold,
             self.model_config.season_length or 1,
             tc.seasonal_glitch_factor,
+            tc.zero_glitch_ratio,
         )
         return dataclasses.replace(
             batch,

@@ -18,6 +18,14 @@ would be, so the mask that carries gaps makes it invisible. Two references are a
   not read a glitch the level found into the cycle, which would make the same step a season
   away look like one (docs/model-choices.md, Glitches).
 
+Then, among the rest, a reading of exactly zero is a glitch where zero is far out of the
+series' range: the other readings of its window all lie on the side of zero its level does,
+at least `zero_ratio` of the level away from it and `ZERO_QUANTA` steps of the data's
+resolution (the smallest gap between two of those readings). A meter or a feed that drops out
+sends a zero, and a zero inside a strong cycle or at the end of a short trending series lies
+within the spread the two references above measure; counts of a few units are never read so,
+because their zeros are a few quanta from their other readings.
+
 Only an isolated step is a glitch: its neighbours are observed and not outlying themselves
 (by the same reference), so a level shift (two outlying steps in a row or more) is never
 masked, nor a day that differs from the days around it as a whole. A step with one neighbour
@@ -47,6 +55,9 @@ _ROWS_AT_ONCE = 1024
 # Steps (rows times their length) whose glitches are found at once in whole histories: the
 # windows' medians then hold 25 times as many float64 values, 50 MB (see series_glitches).
 _STEPS_AT_ONCE = 1 << 18
+# How many steps of the data's resolution the other readings of a zero's window must lie from
+# zero for the zero to be a glitch (Poisson counts of mean 5 have none so; docs/model-choices.md).
+ZERO_QUANTA = 10.0
 # Median absolute deviation to standard deviation for normal data.
 _MAD_TO_STD = 1.4826
 
@@ -95,30 +106,72 @@ def _isolated_outliers(
     return (outlying & left_ok & right_ok) | (far_out & one_sided)
 
 
+def _isolated_zeros(values: torch.Tensor, observed: torch.Tensor, ratio: float) -> torch.Tensor:
+    """Observed exact zeros of `values` (B, L) far out of their window's range (see the module's
+    docstring), both of whose neighbours are observed; with one neighbour only, the other
+    readings must lie twice as far (`EDGE_FACTOR`) from zero: (B, L) bool."""
+    found = torch.zeros_like(observed)
+    # Rows are read alone: only those holding a zero are read at all (most hold none).
+    holding = (observed & (values == 0)).any(dim=1)
+    if holding.any():
+        found[holding] = _isolated_zeros_of(values[holding], observed[holding], ratio)
+    return found
+
+
+def _isolated_zeros_of(values: torch.Tensor, observed: torch.Tensor, ratio: float) -> torch.Tensor:
+    """`_isolated_zeros` of rows (B, L) that hold a zero."""
+    nan, inf = float("nan"), float("inf")
+    level = _rolling_nanmedian(torch.where(observed, values, nan), GLITCH_WINDOW)  # (B, L)
+    sign = torch.sign(level)  # 0 (never a glitch) where the level is 0 or unknown
+    half = GLITCH_WINDOW // 2
+    side = torch.where(observed, values * sign, inf)  # readings on the level's side: > 0
+    window = F.pad(side, (half, half), value=inf).unfold(1, GLITCH_WINDOW, 1).clone()  # (B, L, W)
+    window[:, :, half] = inf  # the step itself left out
+    nearest = window.amin(dim=-1)  # the other readings' closest approach to zero; inf: none
+    zero = observed & (values == 0) & (sign != 0) & torch.isfinite(nearest)
+    far = zero & (nearest > ratio * level.abs())
+    rows, steps = far.nonzero(as_tuple=True)
+    if len(rows):
+        # The data's resolution at each candidate: the smallest gap between its window's
+        # other readings (none when they are all equal).
+        gaps = window[rows, steps].sort(dim=-1).values.diff(dim=-1)  # (n, W - 1)
+        gaps = torch.where(torch.isfinite(gaps) & (gaps > 0), gaps, inf).amin(dim=-1)
+        quantum = torch.where(torch.isfinite(gaps), gaps, 0.0)
+        far[rows, steps] = nearest[rows, steps] >= ZERO_QUANTA * quantum
+    farther = far & (nearest > min(1.0, EDGE_FACTOR * ratio) * level.abs())
+    beside = F.pad(observed, (1, 1))  # (B, L + 2): each step's neighbours, none beyond the ends
+    left, right = beside[:, :-2], beside[:, 2:]
+    return (far & left & right) | (farther & (left ^ right))
+
+
 def glitch_mask(
     values: torch.Tensor,
     observed: torch.Tensor,
     threshold: float,
     season: int = 1,
     seasonal_factor: float | None = None,
+    zero_ratio: float | None = None,
 ) -> torch.Tensor:
     """The isolated glitches of each row: (B, L) values and observed mask -> (B, L) bool.
 
     A step is a glitch when it is observed and an isolated outlier (`_isolated_outliers`)
     against the median of its window, or, among the steps that leaves, `seasonal_factor` times
     `threshold` against the same step of the seasons around it (`season` steps a cycle; 1
-    where the data has none; None: the level alone). Masked values may be anything, NaN
+    where the data has none; None: the level alone), or, among the rest, a zero far out of its
+    window's range (`_isolated_zeros`; None: no such test). Masked values may be anything, NaN
     included.
     """
     nan = torch.full_like(values, float("nan"))
     x = torch.where(observed, values, nan)
-    level = _isolated_outliers(x, observed, _rolling_nanmedian(x, GLITCH_WINDOW), threshold)
-    if seasonal_factor is None:
-        return level
-    kept = observed & ~level
-    x = torch.where(kept, values, nan)
-    cycle = _isolated_outliers(x, kept, _seasonal_reference(x, season), seasonal_factor * threshold)
-    return level | cycle
+    found = _isolated_outliers(x, observed, _rolling_nanmedian(x, GLITCH_WINDOW), threshold)
+    if seasonal_factor is not None:
+        kept = observed & ~found
+        x = torch.where(kept, values, nan)
+        reference = _seasonal_reference(x, season)
+        found = found | _isolated_outliers(x, kept, reference, seasonal_factor * threshold)
+    if zero_ratio is not None:
+        found = found | _isolated_zeros(values, observed & ~found, zero_ratio)
+    return found
 
 
 def mask_glitches(
@@ -127,6 +180,7 @@ def mask_glitches(
     threshold: float | None,
     season: int = 1,
     seasonal_factor: float | None = None,
+    zero_ratio: float | None = None,
 ) -> torch.Tensor:
     """`observed` (B, L) with the glitches of `values` (B, L) masked (`glitch_mask`); as is
     when `threshold` is None."""
@@ -142,6 +196,7 @@ def mask_glitches(
                 threshold,
                 season,
                 seasonal_factor,
+                zero_ratio,
             )
             for k in range(0, len(values), _ROWS_AT_ONCE)
         ]
@@ -156,6 +211,7 @@ def series_glitches(
     threshold: float | None,
     season: int = 1,
     seasonal_factor: float | None = None,
+    zero_ratio: float | None = None,
 ) -> np.ndarray:
     """The glitches (`glitch_mask`) of whole series laid end to end: (T,) values, NaN where
     unobserved, with series `k` at `offsets[k]:offsets[k + 1]` -> (T,) bool; none when
@@ -183,9 +239,18 @@ def series_glitches(
         steps = offsets[block][:, None] + np.arange(width)  # (b, W) positions in `values`
         inside = np.arange(width) < lengths[block][:, None]  # (b, W)
         rows = torch.from_numpy(np.where(inside, values[np.where(inside, steps, 0)], np.nan))
-        glitches = glitch_mask(rows, ~rows.isnan(), threshold, season, seasonal_factor).numpy()
+        observed = ~rows.isnan()
+        glitches = glitch_mask(rows, observed, threshold, season, seasonal_factor, zero_ratio)
+        glitches = glitches.numpy()
         found[steps[glitches]] = True  # padding is never a glitch: it is unobserved
     return found
 
 
-__all__ = ["GLITCH_WINDOW", "SEASONS_AROUND", "glitch_mask", "mask_glitches", "series_glitches"]
+__all__ = [
+    "GLITCH_WINDOW",
+    "SEASONS_AROUND",
+    "ZERO_QUANTA",
+    "glitch_mask",
+    "mask_glitches",
+    "series_glitches",
+]

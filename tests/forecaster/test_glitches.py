@@ -28,14 +28,15 @@ def _glitches(
     season: int = 24,
     seasonal_factor: float | None = None,
     threshold: float = 8.0,
+    zero_ratio: float | None = None,
 ) -> list[int]:
     """The glitches of one series: the window's test alone at 8 robust deviations unless a
-    `seasonal_factor` asks the cycle's too."""
+    `seasonal_factor` asks the cycle's too, or a `zero_ratio` the zeros'."""
     x = torch.tensor(values[None], dtype=torch.float64)
     mask = (
         torch.ones_like(x, dtype=torch.bool) if observed is None else torch.tensor(observed[None])
     )
-    found = glitch_mask(x, mask, threshold, season, seasonal_factor)
+    found = glitch_mask(x, mask, threshold, season, seasonal_factor, zero_ratio)
     return torch.nonzero(found[0]).flatten().tolist()
 
 
@@ -43,6 +44,7 @@ def _glitches(
 RULE = {
     "threshold": TrainConfig().glitch_threshold,
     "seasonal_factor": TrainConfig().seasonal_glitch_factor,
+    "zero_ratio": TrainConfig().zero_glitch_ratio,
 }
 
 
@@ -140,6 +142,42 @@ def test_a_glitch_found_by_the_window_is_not_read_into_the_cycle():
     assert _glitches(values, **RULE) == [24 * 7 + 6]
 
 
+@pytest.mark.parametrize("seed", [0, 1, 4])
+def test_a_dropped_reading_in_a_short_noisy_trend_is_found_by_the_zeros_test(seed):
+    """Twenty noisy points of a trend: a zero lies within the spread both references measure,
+    but far below every other reading of the series."""
+    rng = np.random.default_rng(seed)
+    values = 2000 + 150 * np.arange(20) + rng.normal(0, 300, 20)
+    values[10] = 0.0
+    without_zeros = {**RULE, "zero_ratio": None}
+    assert _glitches(values, season=1, **without_zeros) == []
+    assert _glitches(values, season=1, **RULE) == [10]
+
+
+def test_a_zero_with_one_neighbour_needs_the_others_twice_as_far_from_zero():
+    """Readings spread over 40-160 around 100: a zero between two of them is a glitch at a
+    ratio of 0.3 (their nearest approach, 0.4 of the level, is further), the last reading
+    zero only at a ratio of 0.15 (0.3 with one neighbour)."""
+    rng = np.random.default_rng(0)
+    values = 100 + rng.uniform(-60, 60, 60)
+    values[30] = 0.0
+    assert _glitches(values, season=1, seasonal_factor=1.0, threshold=12, zero_ratio=0.3) == [30]
+    values[30], values[-1] = 100.0, 0.0
+    assert _glitches(values, season=1, seasonal_factor=1.0, threshold=12, zero_ratio=0.3) == []
+    assert _glitches(values, season=1, seasonal_factor=1.0, threshold=12, zero_ratio=0.15) == [59]
+
+
+@pytest.mark.parametrize("mean", [2.0, 5.0, 10.0])
+def test_counts_of_a_few_units_keep_their_zeros(mean):
+    """A zero among counts of a few units is a few steps of their resolution from the other
+    readings: it is data, not a dropout."""
+    rng = np.random.default_rng(0)
+    counts = torch.tensor(rng.poisson(mean, size=(100, 336)).astype(np.float64))
+    assert (counts == 0).any()
+    found = glitch_mask(counts, torch.ones_like(counts, dtype=torch.bool), **RULE, season=24)
+    assert not (found & (counts == 0)).any()
+
+
 def test_flat_counts_are_never_glitches():
     """Where most readings equal the window's median (intermittent sales), its absolute
     deviation is 0, and any sale would otherwise be a glitch."""
@@ -191,7 +229,9 @@ def test_series_laid_end_to_end_are_each_read_alone(monkeypatch):
     offsets = np.cumsum([0] + [len(h) for h in histories])
     for steps_at_once in [1 << 20, 400, 1]:
         monkeypatch.setattr(glitches, "_STEPS_AT_ONCE", steps_at_once)
-        found = series_glitches(values, offsets, RULE["threshold"], 24, RULE["seasonal_factor"])
+        found = series_glitches(
+            values, offsets, RULE["threshold"], 24, RULE["seasonal_factor"], RULE["zero_ratio"]
+        )
         np.testing.assert_array_equal(found, expected)
     assert not series_glitches(values, offsets, None).any()
 
@@ -265,10 +305,20 @@ def test_a_model_saved_before_the_rule_loads_without_it(fitted, tmp_path):
     (path / "config.json").write_text(json.dumps(meta))
     del meta["train_config"]["seasonal_glitch_factor"]
     (path / "config.json").write_text(json.dumps(meta))
+    del meta["train_config"]["zero_glitch_ratio"]
+    (path / "config.json").write_text(json.dumps(meta))
     old = Forecaster.load(path).train_config
-    assert (old.glitch_threshold, old.seasonal_glitch_factor) == (None, None)
+    assert (old.glitch_threshold, old.seasonal_glitch_factor, old.zero_glitch_ratio) == (
+        None,
+        None,
+        None,
+    )
     new = Forecaster.load(fitted.save(tmp_path / "new")).train_config
-    assert (new.glitch_threshold, new.seasonal_glitch_factor) == (12.0, 1.0)
+    assert (new.glitch_threshold, new.seasonal_glitch_factor, new.zero_glitch_ratio) == (
+        12.0,
+        1.0,
+        0.1,
+    )
 
 
 @pytest.mark.parametrize("threshold", [0.0, -1.0, float("inf"), float("nan")])
@@ -277,3 +327,5 @@ def test_the_threshold_must_be_positive_and_finite(threshold):
         TrainConfig(glitch_threshold=threshold)
     with pytest.raises(InvalidConfigError, match="seasonal_glitch_factor"):
         TrainConfig(seasonal_glitch_factor=threshold)
+    with pytest.raises(InvalidConfigError, match="zero_glitch_ratio"):
+        TrainConfig(zero_glitch_ratio=threshold - 1.0)

@@ -191,6 +191,20 @@ def forecast_batch(
     return forecaster.forecast(forecaster.prepare(history, future, steps)).select(steps, levels)
 
 
+def glitches_writer(glitches_output: str | Path | None, output_path: str | Path) -> _Writer | None:
+    """The writer of ``--glitches``, its path checked before any work (not the output's, a
+    known suffix); None when not asked for."""
+    if glitches_output is None:
+        return None
+    glitches_output = Path(glitches_output)
+    if glitches_output.resolve() == Path(output_path).resolve():
+        raise ForecasterInputError(
+            f"glitches {glitches_output}: the same file as the output; expected another",
+            field="glitches",
+        )
+    return _Writer(glitches_output, role="glitches", allow_empty=True)
+
+
 def predict_file(
     model: str | Forecaster,
     input_path: str | Path,
@@ -223,15 +237,8 @@ def predict_file(
     if not input_path.is_file():
         raise ForecasterInputError(f"input {input_path}: no such file", field="input")
     writer = _Writer(output_path)  # checks the output suffixes before any work
-    glitch_writer = None
-    if glitches_output is not None:
-        glitches_output = Path(glitches_output)
-        if glitches_output.resolve() == output_path.resolve():
-            raise ForecasterInputError(
-                f"glitches {glitches_output}: the same file as the output; expected another",
-                field="glitches",
-            )
-        glitch_writer = _Writer(glitches_output, role="glitches", allow_empty=True)
+    glitch_writer = glitches_writer(glitches_output, output_path)
+    glitches_output = None if glitch_writer is None else glitch_writer.path
     kind = _kind(input_path, "input")
     if isinstance(model, Forecaster):
         forecaster, ref = model, None

@@ -48,7 +48,14 @@ from forecaster import Forecaster
 from forecaster.errors import EmptyDataError, ForecasterInputError, MissingColumnsError
 from forecaster.time_axis import wall_clock_for
 from forecaster.validation import ID, TARGET, TIME, parse_timestamps
-from pipelines.predict import _CSV, PredictSummary, _Writer, forecast_batch, load_model
+from pipelines.predict import (
+    _CSV,
+    PredictSummary,
+    _Writer,
+    forecast_batch,
+    glitches_writer,
+    load_model,
+)
 from pipelines.registry import ModelRef
 
 if TYPE_CHECKING:
@@ -411,15 +418,7 @@ def predict_spark(
         )
     if "://" not in input_path and not Path(input_path).exists():
         raise ForecasterInputError(f"input {input_path}: no such file", field="input")
-    if (
-        glitches_output is not None
-        and Path(glitches_output).resolve() == Path(output_path).resolve()
-    ):
-        raise ForecasterInputError(
-            f"glitches {glitches_output}: the same path as the output; expected another",
-            field="glitches",
-        )
-    glitch_writer = None if glitches_output is None else _GlitchFile(Path(glitches_output))
+    glitch_writer = glitches_writer(glitches_output, output_path)
     forecaster, ref = load_model(model, tracking_uri=tracking_uri, device="cpu")
     spark = spark_session(master)
     try:
@@ -461,7 +460,7 @@ def predict_spark(
             if n_rows == 0:
                 raise EmptyDataError(f"input {input_path}: no forecasts were produced: no series")
             if glitch_writer is not None:
-                listed = glitch_writer.write(forecasts)
+                listed = _write_glitches(glitch_writer, forecasts)
     finally:
         if glitch_writer is not None:
             forecasts.unpersist()
@@ -479,23 +478,18 @@ def predict_spark(
     )
 
 
-class _GlitchFile:
-    """The glitches file of a Spark prediction, written as the local path writes it."""
+def _write_glitches(writer: _Writer, forecasts: DataFrame) -> pd.DataFrame:
+    """List the glitches of `forecasts` (from `_forecast(..., glitches=True)`) with `writer`,
+    sorted, as the local path lists them; returns them."""
+    from pyspark.sql import functions as F
 
-    def __init__(self, path: Path):
-        self.writer = _Writer(path, role="glitches", allow_empty=True)  # checks the suffix
-
-    def write(self, forecasts: DataFrame) -> pd.DataFrame:
-        """List the glitches of `forecasts` (from `_forecast(..., glitches=True)`); returns them."""
-        from pyspark.sql import functions as F
-
-        exploded = forecasts.select(ID, F.explode(_GLITCHES).alias(TIME))
-        listed = exploded.toPandas().sort_values([ID, TIME], ignore_index=True)
-        listed = listed.astype({ID: "string", TIME: "datetime64[ns]"})
-        try:
-            self.writer.write(listed)
-            self.writer.commit()
-        except BaseException:
-            self.writer.abort()
-            raise
-        return listed
+    exploded = forecasts.select(ID, F.explode(_GLITCHES).alias(TIME))
+    listed = exploded.toPandas().sort_values([ID, TIME], ignore_index=True)
+    listed = listed.astype({ID: "string", TIME: "datetime64[ns]"})
+    try:
+        writer.write(listed)
+        writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+    return listed

@@ -67,7 +67,7 @@ def backtest(
     step: int | None = None,
     horizon: int | None = None,
     quantiles: Sequence[float] | None = None,
-    covariates: Sequence[str] = (),
+    covariates: Sequence[str] | None = None,
 ) -> BacktestResult:
     """Score `model` on `n_windows` rolling origins at the end of each series of `df`.
 
@@ -81,7 +81,8 @@ def backtest(
         horizon: points forecast per window; defaults to `model.max_horizon`.
         quantiles: passed to `predict`; None lets the model use its own.
         covariates: known-future covariate columns of `df` the model needs; their values after
-            each cutoff are passed as `future_df`.
+            each cutoff are passed as `future_df`. None: the model's own `covariates`, when
+            it has them (a fitted Forecaster does), else none.
 
     Raises:
         SeriesTooShortError: a series cannot hold every window after `model.min_history`
@@ -92,7 +93,7 @@ def backtest(
     for name, value in (("n_windows", n_windows), ("step", step), ("horizon", horizon)):
         if not isinstance(value, int | np.integer) or value < 1:
             raise InvalidConfigError(f"{name}: expected an int >= 1, got {value!r}", field=name)
-    covariates = list(covariates)
+    covariates = list(getattr(model, "covariates", ()) if covariates is None else covariates)
     min_history = int(getattr(model, "min_history", 1) or 1)
     required = min_history + horizon + (n_windows - 1) * step
     try:

@@ -171,6 +171,11 @@ class Forecaster:
         return self.model_config.prediction_length
 
     @property
+    def covariates(self) -> tuple[str, ...]:
+        """Known-future covariate columns every forecast needs, history and future alike."""
+        return self.model_config.covariates
+
+    @property
     def is_fitted(self) -> bool:
         return self.model is not None
 
@@ -476,7 +481,6 @@ class Forecaster:
             n_windows=n_windows,
             step=step,
             horizon=horizon,
-            covariates=self.model_config.covariates,
         )
 
     def forecast_windows(self, df: pd.DataFrame, max_windows: int = 0) -> WindowForecasts:

@@ -25,6 +25,7 @@ from mlflow.types.schema import AnyType, ColSpec, Schema
 
 import forecaster as forecaster_package
 from forecaster import Forecaster
+from forecaster.data import split_future_rows
 from pipelines import registry, tracking
 from pipelines.registry import ARTIFACT_NAME, CHALLENGER, ModelRef
 
@@ -60,12 +61,24 @@ def code_version() -> str:
 
 
 def input_example(forecaster: Forecaster, frame: pd.DataFrame, n_series: int = 2) -> pd.DataFrame:
-    """The last ``context_length`` points of the first ``n_series`` series of ``frame``."""
-    ids = list(pd.unique(frame["unique_id"]))[:n_series]
+    """The last ``context_length`` points of the first ``n_series`` series of ``frame``.
+
+    A model with known-future covariates forecasts only with their future values, which the
+    pyfunc reads as rows appended with ``y`` empty: its example is the origin one horizon
+    before each series' end, the last ``max_horizon`` rows kept as those future rows.
+    """
+    covariates = list(forecaster.model_config.covariates)
+    future = forecaster.max_horizon if covariates else 0
+    counts = frame.groupby("unique_id", sort=False).size()
+    ids = list(counts.index[counts > future][:n_series])
+    # A fitted model trained on at least one series holding history and a horizon of targets.
+    assert ids, f"no series of the training frame holds more than {future} rows"
     example = frame[frame["unique_id"].isin(ids)]
-    example = example.groupby("unique_id", sort=False).tail(forecaster.context_length)
-    columns = ["unique_id", "ds", "y", *forecaster.model_config.covariates]
-    example = example[columns].reset_index(drop=True)
+    example = example.groupby("unique_id", sort=False).tail(forecaster.context_length + future)
+    example = example[["unique_id", "ds", "y", *covariates]].reset_index(drop=True)
+    if future:
+        from_end = example.groupby("unique_id", sort=False).cumcount(ascending=False)
+        example["y"] = example["y"].astype("float64").mask(from_end < future)
     example["unique_id"] = example["unique_id"].astype(object)
     return example
 
@@ -89,7 +102,8 @@ def log_model(
     name: str = "model",
 ) -> mlflow.models.model.ModelInfo:
     """Log ``forecaster`` as a pyfunc model of run ``run_id``."""
-    output = forecaster.predict(example)
+    history, future = split_future_rows(example, forecaster.model_config.covariates)
+    output = forecaster.predict(history, future_df=future)
     output["unique_id"] = output["unique_id"].astype(object)
     inferred = infer_signature(
         example,

@@ -15,7 +15,13 @@ from forecaster import Forecaster
 from pipelines.cli import main
 from pipelines.errors import InvalidModelUriError, ModelNotFoundError, TrackingUnavailableError
 from pipelines.registry import download_forecaster, load_forecaster, resolve_model
-from tests.pipelines.pipeline_helpers import client_for, config_file, synthetic
+from tests.pipelines.pipeline_helpers import (
+    TINY_MODEL,
+    client_for,
+    config_file,
+    make_settings,
+    synthetic,
+)
 
 
 def test_retrain_registers_version_1_as_challenger_and_champion(champion_store):
@@ -86,6 +92,42 @@ def test_the_run_names_the_training_readings_read_as_glitches(tmp_path, capsys):
         "unique_id": [frame.loc[bad, "unique_id"]],
         "ds": [frame.loc[bad, "ds"]],
     }
+
+
+def test_a_model_with_covariates_is_registered_promoted_refit_and_served(tmp_path):
+    """The documented flow for data with a known-future covariate: the retrain registers,
+    promotes and refits it, and the registered pyfunc forecasts its own input example, whose
+    last rows are the covariate's future with `y` empty."""
+    from pipelines.retrain import retrain
+
+    frame = synthetic()
+    frame["promo"] = (frame["ds"].dt.dayofweek == 5).astype(float)
+    frame["y"] += 5.0 * frame["promo"]
+    settings = make_settings(tmp_path, model={"covariates": ["promo"]}, refit=True)
+    result = retrain(settings, frame)
+    assert result.decision.promoted
+    assert result.refit_version is not None
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    try:
+        model = mlflow.pyfunc.load_model("models:/forecaster@champion")
+        local = mlflow.artifacts.download_artifacts("models:/forecaster@champion")
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert [c.name for c in model.metadata.signature.inputs.inputs] == [
+        "unique_id",
+        "ds",
+        "y",
+        "promo",
+    ]
+    example = pd.read_json(Path(local) / "input_example.json", orient="split")
+    future = example.groupby("unique_id").tail(TINY_MODEL["prediction_length"])
+    assert future["y"].isna().all() and future["promo"].notna().all()
+    out = model.predict(example)
+    assert len(out) == len(future)
+    assert out["ds"].tolist() == pd.to_datetime(future["ds"]).tolist()
+    assert np.isfinite(out["mean"]).all()
 
 
 def test_resolve_and_load_the_champion(champion_store, tmp_path):

@@ -349,7 +349,11 @@ def _item_forecast(item: OnlineItem, rows: ForecastArrays, parts: FrameParts) ->
 
 
 def _iso(values: np.ndarray) -> list[str]:
-    return np.datetime_as_string(values, unit="s").tolist()
+    """ISO 8601 text of datetime64 `values`: to the second when they all fall on one, else
+    to the nanosecond they carry (a 500 ms series' steps must not collapse onto seconds)."""
+    if (values.astype("datetime64[s]") == values).all():
+        return np.datetime_as_string(values, unit="s").tolist()
+    return [t.isoformat() for t in pd.DatetimeIndex(values)]
 
 
 # Attention weights are in [0, 1]; four decimals are finer than any plot of them shows and
@@ -404,14 +408,9 @@ def render_mlflow(forecast: ItemForecast) -> bytes:
     (`predictions_to_json`), encoded by pydantic-core (Rust) instead of MLflow's Python
     encoder: the same JSON values, five times faster. Forecasts are finite (checked above)."""
     s, h = forecast.mean.shape
-    stamps = forecast.timestamps.reshape(s * h)
-    if (stamps.astype("datetime64[s]") == stamps).all():
-        ds = np.datetime_as_string(stamps, unit="s").tolist()
-    else:
-        ds = [t.isoformat() for t in pd.DatetimeIndex(stamps)]
     columns: dict[str, list[Any]] = {
         "unique_id": np.repeat(np.asarray(forecast.series_ids, dtype=object), h).tolist(),
-        "ds": ds,
+        "ds": _iso(forecast.timestamps.reshape(s * h)),
         "mean": forecast.mean.reshape(s * h).tolist(),
     }
     for q, arr in forecast.quantiles.items():

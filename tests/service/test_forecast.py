@@ -195,3 +195,27 @@ def test_daily_start_with_an_offset_is_a_local_date(make_client, daily_model):
     b = client.post("/v1/forecast", json={"series": [with_start]})
     assert b.status_code == 200, b.text
     assert a.json()["forecasts"] == b.json()["forecasts"]
+
+
+def test_sub_second_steps_keep_their_fractions(client, payload):
+    """Timestamps are written to the precision they carry: a history stamped half a second
+    past the hour is forecast half a second past the hour, on both routes."""
+    series = payload("series_001")
+    stamps = pd.to_datetime(series["timestamps"]) + pd.Timedelta(milliseconds=500)
+    series["timestamps"] = [t.isoformat() for t in stamps]
+    response = client.post("/v1/forecast", json={"horizon": 2, "series": [series]})
+    assert response.status_code == 200, response.text
+    expected = [(stamps[-1] + pd.Timedelta(hours=h)).isoformat() for h in (1, 2)]
+    assert response.json()["forecasts"][0]["timestamps"] == expected
+    rows = [
+        ["series_001", t, v] for t, v in zip(series["timestamps"], series["values"], strict=True)
+    ]
+    scoring = client.post(
+        "/invocations",
+        json={
+            "dataframe_split": {"columns": ["unique_id", "ds", "y"], "data": rows},
+            "params": {"horizon": 2},
+        },
+    )
+    assert scoring.status_code == 200, scoring.text
+    assert [p["ds"] for p in scoring.json()["predictions"]] == expected

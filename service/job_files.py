@@ -93,7 +93,7 @@ def sniff_format(path: Path, declared: str | None) -> str:
     return "parquet" if looks_parquet else "csv"
 
 
-def inspect_input(path: Path, fmt: str, covariates: tuple[str, ...]) -> list[str]:
+def inspect_input(path: Path, fmt: str) -> list[str]:
     """Cheap checks before a job is accepted: the file parses and has the needed columns.
 
     Reads the Parquet footer, or the first block of a CSV; the full file is validated by the
@@ -122,7 +122,7 @@ def inspect_input(path: Path, fmt: str, covariates: tuple[str, ...]) -> list[str
             n_rows = 0
         except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
             raise InvalidInputError(f"file: malformed CSV: {exc}", field="file") from None
-    required = [*REQUIRED_COLUMNS, *covariates]
+    required = list(REQUIRED_COLUMNS)
     missing = [c for c in required if c not in columns]
     if missing:
         raise InvalidInputError(

@@ -28,6 +28,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from forecaster import Forecaster
 from forecaster.errors import ForecasterInputError, MissingValuesError, SeriesNotContiguousError
 from forecaster.outputs import ForecastArrays
 from pipelines.predict import forecast_batch
@@ -77,13 +78,8 @@ class JobContext:
     on_forecast: ForecastHook | None = None  # sees each chunk's forecast (the forecast log)
 
 
-def process_job(ctx: JobContext) -> None:
-    """Run a job to its result file; resumable at partition granularity."""
-    job, files, forecaster = ctx.job, ctx.files, ctx.served.forecaster
-    columns = [*REQUIRED_COLUMNS, *forecaster.model_config.covariates]
-    input_path = Path(job.input_path)
-    if not input_path.exists():
-        raise InvalidInputError(f"path: the input file {str(input_path)!r} no longer exists")
+def check_batchable(forecaster: Forecaster) -> None:
+    """Refuse a model batch jobs cannot serve: one that needs known-future covariates."""
     covariates = forecaster.model_config.covariates
     if covariates:
         raise InvalidInputError(
@@ -91,6 +87,16 @@ def process_job(ctx: JobContext) -> None:
             "do not take yet; use POST /v1/forecast with covariates",
             field=covariates[0],
         )
+
+
+def process_job(ctx: JobContext) -> None:
+    """Run a job to its result file; resumable at partition granularity."""
+    job, files, forecaster = ctx.job, ctx.files, ctx.served.forecaster
+    columns = list(REQUIRED_COLUMNS)
+    input_path = Path(job.input_path)
+    if not input_path.exists():
+        raise InvalidInputError(f"path: the input file {str(input_path)!r} no longer exists")
+    check_batchable(forecaster)
     files.parts.mkdir(parents=True, exist_ok=True)
     if job.model_version is not None and job.model_version != ctx.served.identity.version:
         # Resumed under another model version: start over so one result has one model.

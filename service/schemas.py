@@ -32,7 +32,7 @@ class SeriesIn(BaseModel):
 
     id: str = Field(min_length=1, max_length=256, description="Series identifier.")
     values: list[float | None] = Field(
-        description="Observed values, oldest first; null is a missing value (rejected)."
+        description="Observed values, oldest first; null is a missing value (masked, like a gap)."
     )
     timestamps: list[datetime] | None = Field(
         None,

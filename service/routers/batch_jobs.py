@@ -32,6 +32,7 @@ from service.job_files import (
     sniff_format,
     write_csv,
 )
+from service.job_processing import check_batchable
 from service.job_store import Job
 from service.schemas import BatchJobFromPath, BatchJobList, BatchJobOut, FileFormat
 
@@ -195,7 +196,7 @@ async def create_job(
                     field="file",
                 )
             steps = rules.parse_horizon(_text(form.get("horizon"))) or steps
-            q_values = rules.parse_quantiles(_text(form.get("quantiles"))) or q_values
+            q_values = _given(rules.parse_quantiles(_text(form.get("quantiles"))), q_values)
             output_format = _parse_format(_text(form.get("output_format")), "output_format") or (
                 output_format
             )
@@ -223,7 +224,7 @@ async def create_job(
             input_path = _resolve_input_path(spec.path, Path(settings.input_dir))
             owned = False
             steps = rules.parse_horizon(spec.horizon) or steps
-            q_values = rules.parse_quantiles(spec.quantiles) or q_values
+            q_values = _given(rules.parse_quantiles(spec.quantiles), q_values)
             output_format = spec.output_format or output_format
         else:
             raise UnsupportedMediaTypeError(
@@ -239,10 +240,10 @@ async def create_job(
             os.replace(received, final)
             input_path = final
         served = manager.current
-        covariates = served.forecaster.model_config.covariates if served else ()
-        await asyncio.to_thread(inspect_input, input_path, fmt, covariates)
         if served is not None:  # without a model, the job waits and is checked when it runs
+            check_batchable(served.forecaster)
             rules.resolve(served, steps, q_values)
+        await asyncio.to_thread(inspect_input, input_path, fmt)
         if owned:
             await asyncio.to_thread(_make_durable, input_path)
         job = await asyncio.to_thread(
@@ -268,6 +269,11 @@ async def create_job(
 
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _given(value: list[float] | None, default: list[float] | None) -> list[float] | None:
+    """`value` when the request gave one, an empty list (the mean alone) included."""
+    return default if value is None else value
 
 
 def _make_durable(path: Path) -> None:

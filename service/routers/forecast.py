@@ -40,7 +40,7 @@ async def read_forecast_request(request: Request) -> ForecastRequest:
     except ValidationError as exc:
         try:
             decoded = json.loads(raw)  # for the handler to name the series of an error
-        except ValueError:
+        except (ValueError, RecursionError):  # nested deeper than Python's stack allows
             decoded = None
         errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
         raise RequestValidationError(errors, body=decoded) from None

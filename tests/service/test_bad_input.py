@@ -172,6 +172,11 @@ def test_huge_values_give_422_not_500(client, payload):
         (b"series=1", "application/x-www-form-urlencoded"),
         (b"\xff\xfe\x00", "application/json"),
         (b'{"series": "abc"}', "application/json"),
+        # Nested deeper than Python's JSON decoder recurses: 2 kB, once a 500.
+        (
+            b'{"series": [{"id": "a", "values": ' + b"[" * 1000 + b"]" * 1000 + b"}]}",
+            "application/json",
+        ),
     ],
 )
 def test_malformed_or_wrong_content_type(client, content, content_type):

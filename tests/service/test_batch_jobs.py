@@ -102,6 +102,21 @@ def test_path_under_input_dir(make_client, tmp_path, history, fitted):
     assert (inputs / "nightly" / "h.csv").exists()  # the caller's file is left alone
 
 
+def test_an_empty_quantile_list_asks_for_the_mean_alone(make_client, tmp_path, history, fitted):
+    """As on /v1/forecast: `quantiles: []` is an answer (the mean only), not an absence."""
+    client = make_client()
+    inputs = tmp_path / "data" / "inputs"
+    history.to_csv(inputs / "h.csv", index=False)
+    response = client.post("/v1/batch-jobs", json={"path": "h.csv", "quantiles": []})
+    assert response.status_code == 202, response.text
+    assert response.json()["quantiles"] == []
+    done = wait_for_job(client, response.json()["id"])
+    assert done["status"] == "succeeded", done
+    got = read_result(client.get(f"/v1/batch-jobs/{done['id']}/result"))
+    assert list(got.columns) == ["unique_id", "ds", "mean"]
+    assert_same_forecast(got, expected(fitted, history, quantiles=[]))
+
+
 def test_many_partitions_and_chunks_give_the_same_result(make_client, fitted, training_frame):
     # Tiny partitions and chunks force the hash-partitioned, chunked path.
     client = make_client(batch_partition_bytes=4096, batch_chunk_series=3)

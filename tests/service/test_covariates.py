@@ -100,3 +100,17 @@ def test_invocations_take_future_rows_with_empty_y(promo_client, promo_model, pr
     want = promo_model.predict(past, future_df=future)
     got = pd.DataFrame(response.json()["predictions"])
     np.testing.assert_allclose(got["mean"], want["mean"], atol=1e-5)
+
+
+def test_a_batch_job_for_a_model_with_covariates_is_refused_at_once(
+    promo_client, promo_frame, tmp_path
+):
+    """Batch jobs cannot carry covariates' future values yet: the job is refused before it is
+    accepted, with the route that can, and leaves no file behind."""
+    files = {"file": ("h.csv", promo_frame.to_csv(index=False).encode(), "text/csv")}
+    response = promo_client.post("/v1/batch-jobs", files=files)
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == "promo"
+    assert "POST /v1/forecast" in response.json()["detail"]
+    jobs = tmp_path / "data" / "jobs"
+    assert not jobs.exists() or not any(jobs.iterdir())

@@ -43,12 +43,12 @@ from forecaster.glitches import mask_glitches, series_glitches
 from forecaster.model import PatchTransformer
 from forecaster.outputs import AttentionMaps, ForecastArrays, ModelOutput, no_glitches
 from forecaster.time_axis import (
+    in_zone,
     patch_length_for,
     regular_range,
     season_length,
     shift,
     steps_after,
-    wall_clock_for,
 )
 from forecaster.training import (
     EpochLog,
@@ -803,16 +803,8 @@ def _in_callers_types(
         by_text = pd.Series(unique.to_numpy(), index=[str(u) for u in unique])
         forecast[ID] = pd.array(by_text.loc[forecast[ID]].to_numpy(), dtype=given_ids.dtype)
     zone = getattr(pd.Series(df[TIME]).dtype, "tz", None)
-    if zone is None:
-        return forecast
-    if wall_clock_for(freq):
-        # Local dates: a time a daylight-saving change skips moves on to the next valid one, a
-        # repeated one takes standard time (False per value: the form pandas documents).
-        forecast[TIME] = forecast[TIME].dt.tz_localize(
-            zone, nonexistent="shift_forward", ambiguous=np.zeros(len(forecast), dtype=bool)
-        )
-    else:
-        forecast[TIME] = forecast[TIME].dt.tz_localize("UTC").dt.tz_convert(zone)
+    if zone is not None:
+        forecast[TIME] = in_zone(forecast[TIME], zone, freq)
     return forecast
 
 

@@ -22,7 +22,7 @@ import re
 import warnings
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -85,6 +85,19 @@ def wall_clock_for(freq: str | None) -> bool | None:
         return False
     nanos = fixed_nanos(offset)
     return nanos is None or nanos % _DAY_NS == 0
+
+
+def in_zone(ds: pd.Series, zone: Any, freq: str) -> pd.Series:
+    """Naive timestamps on `freq`'s grid, as a model of `freq` reads aware ones
+    (`wall_clock_for`), back in time zone `zone`: local dates localised (a time a
+    daylight-saving change skips moves on to the next valid one, a repeated one takes
+    standard time), UTC instants converted."""
+    if wall_clock_for(freq):
+        # False per value: the form pandas documents for "standard time".
+        return ds.dt.tz_localize(
+            zone, nonexistent="shift_forward", ambiguous=np.zeros(len(ds), dtype=bool)
+        )
+    return ds.dt.tz_localize("UTC").dt.tz_convert(zone)
 
 
 def on_wall_clock(wall: np.ndarray) -> bool:

@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -35,6 +36,7 @@ from forecaster import Forecaster
 from forecaster.data import load_frame, reading
 from forecaster.errors import EmptyDataError, ForecasterInputError, MissingColumnsError
 from forecaster.outputs import ForecastArrays
+from forecaster.time_axis import in_zone
 from forecaster.validation import ID, TARGET, TIME
 from pipelines.forecast_log import ForecastLog, records
 from pipelines.registry import ModelRef, load_forecaster
@@ -130,7 +132,16 @@ class _Writer:
         self.path = path
         self.kind = _kind(path, role)
         self.allow_empty = allow_empty
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir():
+            raise ForecasterInputError(
+                f"{role} {path}: a directory; expected a file path", field=role
+            )
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a parent is a file, or cannot be created
+            raise ForecasterInputError(
+                f"{role} {path}: its directory cannot be created ({exc.strerror})", field=role
+            ) from None
         self.partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
         self._parquet: pq.ParquetWriter | None = None
         self._csv_header = True
@@ -191,18 +202,36 @@ def forecast_batch(
     return forecaster.forecast(forecaster.prepare(history, future, steps)).select(steps, levels)
 
 
-def glitches_writer(glitches_output: str | Path | None, output_path: str | Path) -> _Writer | None:
-    """The writer of ``--glitches``, its path checked before any work (not the output's, a
-    known suffix); None when not asked for."""
+def _in(zone: Any, freq: str, frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame`'s naive ds in time zone `zone` (see time_axis.in_zone); as is when None."""
+    return frame if zone is None else frame.assign(**{TIME: in_zone(frame[TIME], zone, freq)})
+
+
+def check_paths(
+    input_path: str | Path, output_path: str | Path, glitches_output: str | Path | None
+) -> None:
+    """Refuse, before any work, an output or glitches file that is the input or each other:
+    the input would be replaced by forecasts."""
+    named = {"input": input_path, "output": output_path, "glitches": glitches_output}
+    seen: dict[Path, str] = {}
+    for role, path in named.items():
+        if path is None or "://" in str(path):
+            continue
+        resolved = Path(path).resolve()
+        if resolved in seen:
+            raise ForecasterInputError(
+                f"{role} {path}: the same file as the {seen[resolved]}; expected another",
+                field=role,
+            )
+        seen[resolved] = role
+
+
+def glitches_writer(glitches_output: str | Path | None) -> _Writer | None:
+    """The writer of ``--glitches`` (its suffix checked before any work); None when not asked
+    for."""
     if glitches_output is None:
         return None
-    glitches_output = Path(glitches_output)
-    if glitches_output.resolve() == Path(output_path).resolve():
-        raise ForecasterInputError(
-            f"glitches {glitches_output}: the same file as the output; expected another",
-            field="glitches",
-        )
-    return _Writer(glitches_output, role="glitches", allow_empty=True)
+    return _Writer(Path(glitches_output), role="glitches", allow_empty=True)
 
 
 def predict_file(
@@ -236,8 +265,9 @@ def predict_file(
     input_path, output_path = Path(input_path), Path(output_path)
     if not input_path.is_file():
         raise ForecasterInputError(f"input {input_path}: no such file", field="input")
+    check_paths(input_path, output_path, glitches_output)
     writer = _Writer(output_path)  # checks the output suffixes before any work
-    glitch_writer = glitches_writer(glitches_output, output_path)
+    glitch_writer = glitches_writer(glitches_output)
     glitches_output = None if glitch_writer is None else glitch_writer.path
     kind = _kind(input_path, "input")
     if isinstance(model, Forecaster):
@@ -272,12 +302,14 @@ def predict_file(
     try:
         for batch in whole_series_chunks(chunks, chunk_series):
             forecast = forecast_batch(forecaster, batch, horizon=horizon, quantiles=quantiles)
-            writer.write(forecast.to_frame())
+            # An aware ds comes back in its zone, as from Forecaster.predict.
+            zone = getattr(batch[TIME].dtype, "tz", None)
+            writer.write(_in(zone, forecaster.freq, forecast.to_frame()))
             counts = np.fromiter((len(g) for g in forecast.glitches), dtype=np.int64)
             n_glitches += int(counts.sum())
             n_glitched_series += int((counts > 0).sum())
             if glitch_writer is not None:
-                glitch_writer.write(forecast.glitch_frame())
+                glitch_writer.write(_in(zone, forecaster.freq, forecast.glitch_frame()))
             if log is not None:
                 log.append(records(forecast, model_name=ref.name, model_version=ref.version))
             n_series += int(batch[ID].nunique())

@@ -52,6 +52,7 @@ from pipelines.predict import (
     _CSV,
     PredictSummary,
     _Writer,
+    check_paths,
     forecast_batch,
     glitches_writer,
     load_model,
@@ -418,7 +419,8 @@ def predict_spark(
         )
     if "://" not in input_path and not Path(input_path).exists():
         raise ForecasterInputError(f"input {input_path}: no such file", field="input")
-    glitch_writer = glitches_writer(glitches_output, output_path)
+    check_paths(input_path, output_path, glitches_output)
+    glitch_writer = glitches_writer(glitches_output)
     forecaster, ref = load_model(model, tracking_uri=tracking_uri, device="cpu")
     spark = spark_session(master)
     try:

@@ -230,3 +230,49 @@ def test_the_glitches_file_cannot_be_the_output(model_dir, history, tmp_path, ca
     assert main([*args, "--output", out, "--glitches", str(tmp_path / "g.txt")]) == 2
     assert "glitches" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == [tmp_path / "in.csv"]
+
+
+@pytest.mark.parametrize("role", ["--output", "--glitches"])
+def test_no_output_may_replace_the_input(model_dir, history, tmp_path, capsys, role):
+    """Naming the input as an output is refused before any work: the history stays."""
+    source = tmp_path / "in.csv"
+    history.to_csv(source, index=False)
+    before = source.read_bytes()
+    outputs = {"--output": str(tmp_path / "o.csv"), "--glitches": str(tmp_path / "g.csv")}
+    outputs[role] = str(tmp_path / "." / "in.csv")  # another spelling of the same file
+    args = ["predict", "--model", str(model_dir), "--input", str(source), "--no-progress"]
+    assert main([*args, *(item for pair in outputs.items() for item in pair)]) == 2
+    assert "the same file as the input" in capsys.readouterr().err
+    assert source.read_bytes() == before
+    assert list(tmp_path.iterdir()) == [source]
+
+
+@pytest.mark.parametrize("where", ["a directory", "under a file"])
+def test_an_output_that_cannot_be_a_file_is_one_line_and_exit_2(
+    model_dir, history, tmp_path, capsys, where
+):
+    source = tmp_path / "in.csv"
+    history.to_csv(source, index=False)
+    taken = tmp_path / "taken.csv"
+    taken.mkdir() if where == "a directory" else taken.touch()
+    output = taken if where == "a directory" else taken / "o.csv"
+    args = ["predict", "--model", str(model_dir), "--input", str(source), "--no-progress"]
+    assert main([*args, "--output", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: output {output}: ")
+    assert ("a directory" if where == "a directory" else "cannot be created") in err
+
+
+def test_an_aware_history_is_forecast_in_its_time_zone(model_dir, history, tmp_path):
+    """As from Forecaster.predict: hourly data in Berlin time comes back in Berlin time, not
+    as naive UTC that reads an hour early."""
+    aware = history.assign(ds=history["ds"].dt.tz_localize("Europe/Berlin"))
+    aware.to_parquet(tmp_path / "in.parquet", index=False)
+    predict_file(str(model_dir), tmp_path / "in.parquet", tmp_path / "out.parquet", progress=False)
+    got = pd.read_parquet(tmp_path / "out.parquet")
+    want = Forecaster.load(model_dir, device="cpu").predict(aware)
+    assert str(got["ds"].dt.tz) == "Europe/Berlin"
+    assert (got["ds"] == want["ds"]).all()
+    last = aware.groupby("unique_id")["ds"].max()
+    first = got.groupby("unique_id")["ds"].min()
+    assert (first - last.loc[first.index] == pd.Timedelta(hours=1)).all()

@@ -61,6 +61,8 @@ _MAX_US = np.datetime64(pd.Timestamp.max.floor("us").to_datetime64(), "us")
 _NS = np.dtype("datetime64[ns]")
 
 _DAY_NS = 86_400 * 10**9
+# Most steps in a seasonal cycle (a day of minutes).
+_MAX_SEASON = 1440
 _WEEKDAYS = ("MON", "TUE", "WED", "THU", "FRI", "SAT", "SUN")
 _MONTHS = ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")
 # Aliases pandas 3 no longer accepts, mapped to their current spelling.
@@ -512,8 +514,9 @@ def calendar_features(ds: pd.DatetimeIndex | pd.Series | np.ndarray) -> np.ndarr
 def season_length(freq: str) -> int:
     """The main seasonal period of a frequency, in steps; 1 when there is none or it is unknown.
 
-    Sub-daily frequencies get the daily cycle (h -> 24, 30min -> 48, 15min -> 96, capped at
-    1440 steps), daily -> 7 (weekly cycle), business daily -> 5, weekly -> 52,
+    Sub-daily frequencies get the daily cycle (h -> 24, 30min -> 48, 15min -> 96), or where
+    that exceeds 1440 steps the minute's or the second's (30s -> 2, 1ms -> 1000), else 1;
+    daily -> 7 (weekly cycle), business daily -> 5, weekly -> 52,
     monthly -> 12, quarterly -> 4, yearly -> 1.
     """
     try:
@@ -542,12 +545,11 @@ def season_length(freq: str) -> int:
         return 1
     if nanos == _DAY_NS:
         return 7
-    if nanos < _DAY_NS and _DAY_NS % nanos == 0:
-        steps = _DAY_NS // nanos
-        if steps <= 1440:
-            return int(steps)
-        minute = 60 * 10**9
-        return int(minute // nanos) if minute % nanos == 0 else 1
+    # The daily cycle; for finer steps, whose day holds more than 1440, the minute's or the
+    # second's (30s -> 2, 1s -> 60, 1ms -> 1000); none beyond that.
+    for cycle in (_DAY_NS, 60 * 10**9, 10**9):
+        if nanos < cycle and cycle % nanos == 0 and cycle // nanos <= _MAX_SEASON:
+            return int(cycle // nanos)
     return 1
 
 

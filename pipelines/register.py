@@ -170,7 +170,7 @@ def register(
     version = str(model_version.version)
     try:
         client.set_registered_model_alias(model_name, CHALLENGER, version)
-    except Exception:
+    except BaseException:  # Ctrl-C too: a version without its alias is half-registered
         try:
             client.delete_model_version(model_name, version)
         except Exception:  # the server that failed the alias may fail this too

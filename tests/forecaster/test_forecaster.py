@@ -171,6 +171,20 @@ def test_save_load_on_anchored_frequencies(freq, tmp_path):
     pd.testing.assert_frame_equal(reloaded.predict(data), model.predict(data), check_exact=True)
 
 
+@pytest.mark.parametrize("freq", ["ms", "us", "ns"])
+def test_sub_millisecond_steps_fit_and_forecast(freq, tmp_path):
+    """A cycle of a minute of microseconds (60 million steps) once made fit allocate
+    terabytes; such data has no cycle the model reads."""
+    data = generate_synthetic(n_series=2, n_steps=80, freq=freq, seed=0)
+    config = ModelConfig(**{**TINY_MODEL, "patch_length": None})
+    model = Forecaster(config, TrainConfig(**{**TINY_TRAIN, "max_epochs": 1})).fit(data)
+    forecast = model.predict(data)
+    assert np.isfinite(forecast["mean"]).all()
+    step = pd.Timedelta(1, unit=freq)
+    last = data.groupby("unique_id")["ds"].max()
+    assert (forecast.groupby("unique_id")["ds"].min() == last + step).all()
+
+
 def test_a_yearly_model_with_a_long_context_saves_and_loads(tmp_path):
     """336 years of reference history from 2020 would pass pandas' last timestamp (2262):
     such a model (the default context on yearly data) once could not be saved at all."""

@@ -66,6 +66,13 @@ def test_calendar_features_accept_series_and_arrays():
         ("Q", 4),
         ("YS", 1),
         ("2h", 12),
+        ("min", 1440),
+        ("30s", 2),
+        ("s", 60),
+        ("100ms", 600),
+        ("ms", 1000),  # a day or a minute of steps would be a cycle of millions
+        ("us", 1),
+        ("ns", 1),
         ("not-a-freq", 1),
     ],
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -242,3 +243,35 @@ def test_pyfunc_model_loads_without_pickles_and_forecasts(champion_store):
     assert list(out.columns) == ["unique_id", "ds", "mean", "q0.1", "q0.9"]
     assert len(out) == 6 * history["unique_id"].nunique()
     assert (out["q0.1"] <= out["q0.9"]).mean() > 0.9
+
+
+def test_an_interrupt_while_aliasing_leaves_no_version_behind(champion_store, tmp_path):
+    """Ctrl-C between the version's creation and its alias: the version goes again, so the
+    registry holds no version that no alias names and no run reported."""
+    from mlflow.tracking import MlflowClient
+
+    from pipelines import tracking
+    from pipelines.register import input_example, register
+
+    root, _ = champion_store
+    shutil.copy(root / "mlflow.db", tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    forecaster = load_forecaster("models:/forecaster@champion", tracking_uri=uri).forecaster
+
+    class InterruptedClient(MlflowClient):
+        def set_registered_model_alias(self, *args, **kwargs):
+            raise KeyboardInterrupt
+
+    client = InterruptedClient(uri)
+    run = client.create_run(client.get_experiment_by_name("forecaster").experiment_id)
+    before = {v.version for v in client.search_model_versions("name='forecaster'")}
+    with tracking.tracking_uri_set(uri), pytest.raises(KeyboardInterrupt):
+        register(
+            forecaster,
+            input_example(forecaster, synthetic()),
+            client=client,
+            run_id=run.info.run_id,
+            model_name="forecaster",
+            tags={},
+        )
+    assert {v.version for v in client.search_model_versions("name='forecaster'")} == before

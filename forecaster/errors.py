@@ -35,6 +35,11 @@ class MissingColumnsError(ForecasterInputError):
     """Required columns (``unique_id``, ``ds``, ``y`` or a configured covariate) are absent."""
 
 
+class AmbiguousSeriesIdsError(ForecasterInputError):
+    """Two distinct ``unique_id`` values read as one text (``1`` and ``"1"``), so files and
+    responses could not tell their series apart."""
+
+
 class NonNumericValuesError(ForecasterInputError):
     """A target or covariate column holds values that are not numbers."""
 

@@ -795,12 +795,15 @@ def _in_callers_types(
     forecast: pd.DataFrame, df: pd.DataFrame | Mapping[str, np.ndarray], freq: str
 ) -> pd.DataFrame:
     """The forecast with the ids and timestamps typed as in `df`: inside, ids are strings and
-    timestamps tz-naive; a caller's integer ids or tz-aware `ds` come back as given, aware `ds`
-    read back as the history was read (`wall_clock_for(freq)`: local dates, or UTC)."""
+    timestamps tz-naive; a caller's integer or categorical ids or tz-aware `ds` come back as
+    given, aware `ds` read back as the history was read (`time_axis.in_zone`)."""
     given_ids = pd.Series(df[ID])
-    if not (pd.api.types.is_string_dtype(given_ids) and not given_ids.hasnans):
-        unique = given_ids.drop_duplicates()
-        by_text = pd.Series(unique.to_numpy(), index=[str(u) for u in unique])
+    as_text = pd.api.types.is_string_dtype(given_ids) and not given_ids.hasnans
+    if not as_text or isinstance(given_ids.dtype, pd.CategoricalDtype):
+        # By text, as inside: distinct ids that compare equal (True and 1) stay apart.
+        text = given_ids.astype("str")
+        first = ~text.duplicated().to_numpy()
+        by_text = pd.Series(given_ids.to_numpy()[first], index=text.to_numpy()[first])
         forecast[ID] = pd.array(by_text.loc[forecast[ID]].to_numpy(), dtype=given_ids.dtype)
     zone = getattr(pd.Series(df[TIME]).dtype, "tz", None)
     if zone is not None:

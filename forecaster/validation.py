@@ -24,6 +24,7 @@ from pandas.tseries.offsets import BaseOffset
 
 from forecaster.columns import ID, TARGET, TIME
 from forecaster.errors import (
+    AmbiguousSeriesIdsError,
     DuplicateTimestampsError,
     EmptyDataError,
     ForecasterInputError,
@@ -358,10 +359,38 @@ def series_codes(
             f"{ID} is missing at row {i}; every row needs a series id", field=ID
         )
     strings = col.astype("str")
+    if col.dtype == object:
+        _check_ids_apart(col, strings)
     # Series.factorize, not pd.factorize(strings.array): pandas 2 deprecates factorizing the
     # NumPy-backed array its "str" cast gives.
     codes, uniques = strings.factorize()
     return strings.array, codes.astype(np.int64, copy=False), pd.Index(uniques)
+
+
+def _id_kind(value: Any) -> str:
+    """What an id is beside its text: numbers of any Python or NumPy type are one kind."""
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, bool | np.bool_):
+        return "bool"
+    return "number" if isinstance(value, int | float | np.number) else type(value).__name__
+
+
+def _check_ids_apart(col: pd.Series, strings: pd.Series) -> None:
+    """Refuse ids of different kinds that share a text (1 and "1"): a series is known by its
+    id's text inside, and in every file and response."""
+    if pd.api.types.infer_dtype(col, skipna=False) in ("string", "integer", "floating"):
+        return
+    kinds = pd.DataFrame({"text": strings, "kind": col.map(_id_kind)}).drop_duplicates()
+    shared = kinds["text"].duplicated(keep=False)
+    if shared.any():
+        text = kinds.loc[shared, "text"].iloc[0]
+        values = list(col[strings == text].drop_duplicates(keep="first").iloc[:2])
+        raise AmbiguousSeriesIdsError(
+            f"{ID} holds distinct ids that read as the same text {text!r}: {values[0]!r} "
+            f"and {values[-1]!r}; expected one type of id (cast the column to str or int)",
+            field=ID,
+        )
 
 
 def _as_float(

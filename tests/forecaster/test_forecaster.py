@@ -12,6 +12,7 @@ from forecaster import Forecaster, ModelConfig, TrainConfig
 from forecaster.config import N_HISTORY_BANDS
 from forecaster.data import load_frame
 from forecaster.errors import (
+    AmbiguousSeriesIdsError,
     HorizonTooLongError,
     IrregularTimestampsError,
     MissingCovariatesError,
@@ -304,6 +305,25 @@ def test_forecast_keeps_the_callers_id_dtype_and_time_zone(fitted, series):
     # The same numbers as for the naive UTC history with string ids.
     utc = series.assign(ds=given["ds"].dt.tz_convert("UTC").dt.tz_localize(None))
     np.testing.assert_array_equal(forecast["mean"], fitted.predict(utc)["mean"])
+
+
+def test_categorical_and_mixed_ids_come_back_as_given(fitted, series):
+    """A categorical id column stays categorical; ids of two kinds that compare equal (True and
+    1) stay two series; ids of two kinds that read alike (1 and "1") are refused."""
+    as_category = series.assign(unique_id=series["unique_id"].astype("category"))
+    forecast = fitted.predict(as_category)
+    assert forecast["unique_id"].dtype == as_category["unique_id"].dtype
+    ids = series["unique_id"].unique()
+    two = series[series["unique_id"].isin(ids[:2])]
+    first = (two["unique_id"] == ids[0]).to_numpy()
+    mixed = two.assign(unique_id=pd.array([True if f else 1 for f in first], dtype=object))
+    forecast = fitted.predict(mixed)
+    assert [type(v) for v in forecast["unique_id"].iloc[[0, -1]]] == [bool, int]
+    np.testing.assert_array_equal(forecast["mean"], fitted.predict(two)["mean"])
+    alike = two.assign(unique_id=pd.array([1 if f else "1" for f in first], dtype=object))
+    with pytest.raises(AmbiguousSeriesIdsError, match="'1'") as error:
+        fitted.predict(alike)
+    assert error.value.field == "unique_id"
 
 
 @pytest.mark.parametrize("zone", ["Europe/Berlin", "Asia/Tokyo"])

@@ -50,8 +50,10 @@ def quantile_column(q: float) -> str:
 def wide_to_long(df: pd.DataFrame, time_column: str = "date") -> pd.DataFrame:
     """One series per numeric column of a wide frame; `unique_id` is the column name.
 
-    Non-numeric columns other than the time column are ignored. Rows come out grouped by
-    series in column order, time in the file's order within each.
+    Text columns other than the time column (labels: no value reads as a number) are ignored;
+    a column of numbers with a cell that is not one is refused, naming the cell, as one typo
+    would otherwise drop a whole series. Rows come out grouped by series in column order, time
+    in the file's order within each.
     """
     if not isinstance(df, pd.DataFrame):
         raise ForecasterInputError(f"data: expected a pandas DataFrame, got {type(df).__name__}")
@@ -63,13 +65,13 @@ def wide_to_long(df: pd.DataFrame, time_column: str = "date") -> pd.DataFrame:
             f"{list(map(str, df.columns))}",
             field=time_column,
         )
-    value_columns = [
-        c
-        for c in df.columns
-        if c != time_column
-        and pd.api.types.is_numeric_dtype(df[c])
-        and not pd.api.types.is_bool_dtype(df[c])
-    ]
+    columns = {}  # value column -> its numbers
+    for c in df.columns:
+        if c != time_column and not pd.api.types.is_bool_dtype(df[c]):
+            numbers = _numbers(df, c, time_column)
+            if numbers is not None:
+                columns[c] = numbers
+    value_columns = list(columns)
     if not value_columns:
         raise NonNumericValuesError(
             f"wide frame has no numeric value columns besides {time_column!r}; present columns: "
@@ -78,7 +80,9 @@ def wide_to_long(df: pd.DataFrame, time_column: str = "date") -> pd.DataFrame:
         )
     ds = parse_timestamps(df[time_column])
     n_rows, n_cols = len(df), len(value_columns)
-    values = df[value_columns].to_numpy(dtype=np.float64, na_value=np.nan)  # (T, C)
+    values = np.column_stack(  # (T, C)
+        [v.to_numpy(dtype=np.float64, na_value=np.nan) for v in columns.values()]
+    )
     return pd.DataFrame(
         {
             ID: pd.array(
@@ -88,6 +92,27 @@ def wide_to_long(df: pd.DataFrame, time_column: str = "date") -> pd.DataFrame:
             TARGET: values.T.reshape(-1),
         }
     )
+
+
+def _numbers(df: pd.DataFrame, column: object, time_column: str) -> pd.Series | None:
+    """`column` of a wide frame as numbers (empty cells missing); None for a text column (no
+    cell reads as a number). Raises where numbers stand beside a cell that is not one."""
+    values = df[column]
+    if pd.api.types.is_numeric_dtype(values):
+        return values
+    numbers = pd.to_numeric(values, errors="coerce")
+    if not numbers.notna().any():
+        return None
+    bad = numbers.isna() & values.notna() & (values.astype("str").str.strip() != "")
+    if bad.any():
+        i = int(np.argmax(bad.to_numpy()))
+        raise NonNumericValuesError(
+            f"column {column!r} holds numbers but {values.iloc[i]!r} at {time_column} "
+            f"{df[time_column].iloc[i]} (row {i}) is not one; expected a number or an empty "
+            "cell for a missing value",
+            field=str(column),
+        )
+    return numbers
 
 
 def read_wide_csv(path: str | Path, time_column: str = "date") -> pd.DataFrame:

@@ -19,6 +19,7 @@ from forecaster.errors import (
     EmptyDataError,
     ForecasterInputError,
     MissingColumnsError,
+    NonNumericValuesError,
     SeriesTooShortError,
 )
 from forecaster.validation import validate_long_frame
@@ -54,6 +55,23 @@ def test_wide_to_long_round_trip(tmp_path):
     np.testing.assert_array_equal(back["OT"].to_numpy(), wide["OT"].to_numpy())
     assert validate_long_frame(long).freq == "h"
     pd.testing.assert_frame_equal(read_wide_csv(path), long)
+
+
+def test_a_typo_in_a_wide_column_names_the_cell_instead_of_dropping_the_series(tmp_path):
+    """One "?" among OT's numbers: refused naming the column, the cell and its time, where it
+    once made OT's whole series vanish; blank cells stay missing values."""
+    wide = wide_frame()
+    path = tmp_path / "wide.csv"
+    wide.astype({"OT": object}).assign(OT=lambda d: d["OT"].where(d.index != 3, "?")).to_csv(
+        path, index=False
+    )
+    with pytest.raises(NonNumericValuesError, match="'OT'.*'\\?'.*2024-01-01 03:00:00") as info:
+        load_frame(path)
+    assert info.value.field == "OT"
+    blank = wide.astype({"OT": object}).assign(OT=lambda d: d["OT"].where(d.index != 3, " "))
+    long = wide_to_long(blank)
+    assert long["unique_id"].unique().tolist() == ["HUFL", "OT"]  # "note" is a label column
+    assert long["y"].isna().sum() == 1
 
 
 def test_wide_with_other_time_column():

@@ -88,11 +88,12 @@ def backtest(
         SeriesTooShortError: a series cannot hold every window after `model.min_history`
             points of history; and any error of `validate_long_frame` for bad data.
     """
-    horizon = int(model.max_horizon if horizon is None else horizon)
+    horizon = model.max_horizon if horizon is None else horizon
     step = horizon if step is None else step
-    for name, value in (("n_windows", n_windows), ("step", step), ("horizon", horizon)):
-        if not isinstance(value, int | np.integer) or value < 1:
+    for name, value in (("horizon", horizon), ("step", step), ("n_windows", n_windows)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
             raise InvalidConfigError(f"{name}: expected an int >= 1, got {value!r}", field=name)
+    horizon, step = int(horizon), int(step)
     covariates = list(getattr(model, "covariates", ()) if covariates is None else covariates)
     min_history = int(getattr(model, "min_history", 1) or 1)
     required = min_history + horizon + (n_windows - 1) * step

@@ -432,6 +432,11 @@ def _as_float(
 
 def _to_float(col: pd.Series, name: str, ids: np.ndarray, ds: np.ndarray) -> np.ndarray:
     """A column as float64 (NaN where missing), or NonNumericValuesError naming the text."""
+    kind = col.dtype.kind
+    if kind in "mMc":  # timestamps would read as nanoseconds, complex numbers lose a part
+        raise NonNumericValuesError(
+            f"column {name!r} holds {col.dtype} values; expected real numbers", field=name
+        )
     if pd.api.types.is_bool_dtype(col) and not col.isna().any():
         values = col.to_numpy(dtype=np.float64)
     elif pd.api.types.is_numeric_dtype(col):

@@ -8,7 +8,7 @@ import pytest
 
 from forecaster.backtest import BacktestResult, backtest
 from forecaster.baselines import SeasonalNaive
-from forecaster.errors import SeriesTooShortError
+from forecaster.errors import InvalidConfigError, SeriesTooShortError
 from forecaster.synthetic import generate_synthetic
 
 
@@ -111,3 +111,14 @@ def test_per_series_scores_average_to_the_overall_metric(metric):
     by_window = result.by_window(metric)
     assert len(by_window) == 5 * 3  # series x windows
     assert by_window.mean() == pytest.approx(result.metrics[metric], rel=1e-9)
+
+
+@pytest.mark.parametrize("bad", [{"horizon": 2.5}, {"horizon": True}, {"step": 1.0}])
+def test_a_horizon_or_step_that_is_not_a_whole_number_is_refused(bad):
+    """Not rounded down to a backtest the caller did not ask for."""
+    df = generate_synthetic(n_series=2, n_steps=60, freq="h", seed=0)
+    model = SeasonalNaive(horizon=4).fit(df)
+    name = next(iter(bad))
+    with pytest.raises(InvalidConfigError, match=f"{name}: expected an int") as info:
+        backtest(model, df, n_windows=2, **bad)
+    assert info.value.field == name

@@ -156,6 +156,22 @@ def test_non_numeric_target_names_value_and_series(dtype):
     assert (info.value.series_id, info.value.field) == ("b", "y")
 
 
+@pytest.mark.parametrize(
+    "target",
+    [
+        lambda df: df["ds"],  # read as nanoseconds since 1970, a forecast mean of 1.7e18
+        lambda df: df["ds"] - df["ds"].min(),
+        lambda df: df["y"].astype(complex) + 5j,  # the imaginary part silently lost
+    ],
+    ids=["timestamps", "durations", "complex"],
+)
+def test_a_target_of_timestamps_durations_or_complex_numbers_is_refused(target):
+    df = frame()
+    with pytest.raises(NonNumericValuesError, match="expected real numbers") as info:
+        validate_long_frame(df.assign(y=target(df)))
+    assert info.value.field == "y"
+
+
 def test_non_numeric_covariate():
     df = set_cell(frame(promo=0), 3, "promo", "yes")
     with pytest.raises(NonNumericValuesError) as info:

@@ -11,9 +11,12 @@ the model reads them through its observed-value mask.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import signal
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -540,8 +543,9 @@ class Forecaster:
     def save(self, path: str | Path) -> Path:
         """Write config.json, model.safetensors and reference.json into directory `path`.
 
-        Everything is computed before anything is written, and each file is written beside
-        its final name and then renamed over it: a failed save leaves no half-written file.
+        Everything is computed before anything is written, and every file is written beside
+        its final name before any is renamed over it: a failed or interrupted save leaves the
+        model saved before, if any, as it was.
         """
         model = self._require_model()
         path = Path(path)
@@ -578,10 +582,20 @@ class Forecaster:
                 json.dumps({name: values.tolist() for name, values in reference.items()})
             ),
         }
-        for name, write in writes.items():
-            partial = path / f".{name}.partial"
-            write(partial)
-            partial.replace(path / name)
+        partials: list[Path] = []
+        try:
+            for name, write in writes.items():
+                partials.append(path / f".{name}.partial")
+                write(partials[-1])
+            # The three renames, microseconds, are the only moment the directory holds a mix
+            # of the old model and the new: a Ctrl-C waits until they are done.
+            with _interrupts_deferred():
+                for name, partial in zip(writes, partials, strict=True):
+                    partial.replace(path / name)
+        except BaseException:
+            for partial in partials:
+                partial.unlink(missing_ok=True)
+            raise
         return path
 
     @classmethod
@@ -809,6 +823,23 @@ def _in_callers_types(
     if zone is not None:
         forecast[TIME] = in_zone(forecast[TIME], zone, freq)
     return forecast
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) that arrives inside the block until it ends (main thread only,
+    where Python delivers signals; elsewhere the block runs as is)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
 
 
 def _frame(data: pd.DataFrame | Mapping[str, np.ndarray]) -> pd.DataFrame:

@@ -1,6 +1,9 @@
 """The high-level Forecaster API: fit, predict, persistence, attention, errors."""
 
 import json
+import os
+import signal
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -113,6 +116,48 @@ def test_save_load_predicts_bit_identically(fitted, series, tmp_path):
             "context_length"
         ]
         == 32
+    )
+
+
+def test_an_interrupted_save_leaves_the_model_saved_before(fitted, series, tmp_path, monkeypatch):
+    """Ctrl-C while a save over an existing model writes: the old model loads as it was, and
+    no partial file is left. Once every file is written, the renames hold a real SIGINT until
+    all three are done."""
+    fitted.save(tmp_path / "model")
+    before = fitted.predict(series)
+    other = Forecaster(ModelConfig(**{**TINY_MODEL, "d_model": 8}), TrainConfig(**TINY_TRAIN)).fit(
+        series
+    )
+    write_text = Path.write_text
+
+    def interrupted(self, *args, **kwargs):
+        if self.name == ".reference.json.partial":  # the weights and config already written
+            raise KeyboardInterrupt
+        return write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        other.save(tmp_path / "model")
+    monkeypatch.undo()
+    assert sorted(p.name for p in (tmp_path / "model").iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "reference.json",
+    ]
+    pd.testing.assert_frame_equal(Forecaster.load(tmp_path / "model").predict(series), before)
+
+    replace = Path.replace
+
+    def signalled(self, target):
+        os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C before the first rename
+        return replace(self, target)
+
+    monkeypatch.setattr(Path, "replace", signalled)
+    with pytest.raises(KeyboardInterrupt):
+        other.save(tmp_path / "model")
+    monkeypatch.undo()
+    pd.testing.assert_frame_equal(
+        Forecaster.load(tmp_path / "model").predict(series), other.predict(series)
     )
 
 

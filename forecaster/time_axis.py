@@ -440,6 +440,10 @@ def add_offset(dti: pd.DatetimeIndex, offset: BaseOffset) -> pd.DatetimeIndex:
         return dti + offset
 
 
+# Days a step of that many months can span: (shortest, longest, months).
+_MONTH_SPANS = ((28, 31, 1), (59, 62, 2), (89, 92, 3), (120, 123, 4), (181, 184, 6), (365, 366, 12))
+
+
 def infer_offset(
     ds_i8: np.ndarray, same: np.ndarray, uniques: pd.Index, codes: np.ndarray
 ) -> BaseOffset:
@@ -466,27 +470,28 @@ def infer_offset(
         return to_offset("D")
     if days == 7:
         return to_offset(f"W-{_WEEKDAYS[first.dayofweek]}")
-    for low, high, months in ((28, 31, 1), (89, 92, 3), (365, 366, 12)):
+    for low, high, months in _MONTH_SPANS:
         if low <= days <= high:
             return _calendar_offset(first, months, str(uniques[codes[0]]))
     return to_offset(f"{days}D")
 
 
 def _calendar_offset(first: pd.Timestamp, months: int, sid: str) -> BaseOffset:
-    """Month, quarter or year offset anchored where the data is (start or end of month)."""
+    """Month, quarter or year offset anchored where the data is (start or end of month);
+    steps of 2, 4 or 6 months as that many months."""
     if first.is_month_start:
-        if months == 1:
-            return to_offset("MS")
         if months == 3:
             return to_offset(f"QS-{_MONTHS[(first.month - 1) % 3]}")
-        return to_offset(f"YS-{_MONTHS[first.month - 1]}")
+        if months == 12:
+            return to_offset(f"YS-{_MONTHS[first.month - 1]}")
+        return to_offset(f"{months}MS" if months > 1 else "MS")
     if first.is_month_end:
-        if months == 1:
-            return to_offset("ME")
         if months == 3:
             return to_offset(f"QE-{_MONTHS[11 - (12 - first.month) % 3]}")
-        return to_offset(f"YE-{_MONTHS[first.month - 1]}")
-    unit = {1: "monthly", 3: "quarterly", 12: "yearly"}[months]
+        if months == 12:
+            return to_offset(f"YE-{_MONTHS[first.month - 1]}")
+        return to_offset(f"{months}ME" if months > 1 else "ME")
+    unit = {1: "monthly", 3: "quarterly", 12: "yearly"}.get(months, f"{months}-monthly")
     raise FrequencyInferenceError(
         f"series {sid!r} looks {unit} but its timestamps fall on day {first.day} of the month "
         f"(e.g. {first}); expected month starts or month ends, e.g. '2024-01-01' or '2024-01-31'",

@@ -206,7 +206,7 @@ def test_the_reading_of_the_padding_is_chosen_on_validation_and_refits_replay_it
     assert not never.fit(series).model.imputes_padding()
 
 
-@pytest.mark.parametrize("freq", ["W-SUN", "MS", "QE", "YS", "B"])
+@pytest.mark.parametrize("freq", ["W-SUN", "MS", "QE", "YS", "B", "2MS", "6ME"])
 def test_save_load_on_anchored_frequencies(freq, tmp_path):
     """The reference history saved beside the weights lies on the data's grid."""
     data = generate_synthetic(n_series=2, n_steps=40, freq=freq, seed=0)

@@ -61,6 +61,9 @@ def set_cell(df: pd.DataFrame, row: int, column: str, value) -> pd.DataFrame:
         ("W-MON", "2024-01-01", "W-MON"),
         ("B", "2024-01-05", "B"),
         ("QS", "2024-01-01", "QS-JAN"),
+        ("2MS", "2024-01-01", "2MS"),
+        ("4ME", "2024-01-31", "4ME"),
+        ("6MS", "2024-07-01", "6MS"),
     ],
 )
 def test_valid_frame_passes_and_frequency_is_inferred(freq, start, expected):

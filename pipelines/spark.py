@@ -18,7 +18,9 @@ forecast of a one-point probe series on the driver, which also checks ``horizon`
 ``quantiles`` before any job starts. ``ds`` comes out as ``timestamp_ntz``: the naive
 wall-clock times the local path writes, whatever the session's time zone. A Spark DataFrame's
 ``timestamp`` is an instant and is read in UTC; ``predict_spark`` reads an aware Parquet
-column of a daily or coarser model on its zone's wall clock, as the local path does.
+column of a daily or coarser model on its zone's wall clock, as the local path does, and
+writes the forecasts of an aware input as instants (Parquet keeps them in UTC), the times
+the local path writes in the input's zone.
 
 pyspark is imported here only, so nothing else in the product needs it. Spark 3.5+ and 4.x
 run this unchanged; ``spark_session`` starts a session (on a local master, with the Java
@@ -46,7 +48,7 @@ from pandas._libs.parsers import STR_NA_VALUES  # read_csv's default missing-val
 import forecaster.errors as forecaster_errors
 from forecaster import Forecaster
 from forecaster.errors import EmptyDataError, ForecasterInputError, MissingColumnsError
-from forecaster.time_axis import wall_clock_for
+from forecaster.time_axis import in_zone, wall_clock_for
 from forecaster.validation import ID, TARGET, TIME, parse_timestamps
 from pipelines.predict import (
     _CSV,
@@ -455,14 +457,17 @@ def predict_spark(
     listed = None
     if glitch_writer is not None:
         forecasts = forecasts.persist()  # one job: the forecasts, then their glitches
+    output = forecasts.drop(_GLITCHES)
+    if zone is not None:
+        output = output.withColumn(TIME, _as_instants(TIME, zone, forecaster.freq))
     try:
         with worker_errors(), _replaced_on_success(output_path) as written:
-            forecasts.drop(_GLITCHES).write.mode("overwrite").parquet(written)
+            output.write.mode("overwrite").parquet(written)
             n_rows = spark.read.parquet(written).count()
             if n_rows == 0:
                 raise EmptyDataError(f"input {input_path}: no forecasts were produced: no series")
             if glitch_writer is not None:
-                listed = _write_glitches(glitch_writer, forecasts)
+                listed = _write_glitches(glitch_writer, forecasts, zone, forecaster.freq)
     finally:
         if glitch_writer is not None:
             forecasts.unpersist()
@@ -480,14 +485,29 @@ def predict_spark(
     )
 
 
-def _write_glitches(writer: _Writer, forecasts: DataFrame) -> pd.DataFrame:
+def _as_instants(column: str, zone: str, freq: str):
+    """The naive forecast timestamps of `column` as instants (Spark's ``timestamp``, which
+    Parquet keeps as UTC): local dates of `zone` for a daily or coarser model, UTC times
+    otherwise, as the local path reads them (`time_axis.in_zone`)."""
+    from pyspark.sql import functions as F
+
+    utc = F.col(column).cast("timestamp")  # the session runs in UTC: same wall time
+    return F.to_utc_timestamp(utc, zone) if wall_clock_for(freq) else utc
+
+
+def _write_glitches(
+    writer: _Writer, forecasts: DataFrame, zone: str | None, freq: str
+) -> pd.DataFrame:
     """List the glitches of `forecasts` (from `_forecast(..., glitches=True)`) with `writer`,
-    sorted, as the local path lists them; returns them."""
+    sorted, as the local path lists them (in the input's zone, when it has one); returns them.
+    """
     from pyspark.sql import functions as F
 
     exploded = forecasts.select(ID, F.explode(_GLITCHES).alias(TIME))
     listed = exploded.toPandas().sort_values([ID, TIME], ignore_index=True)
     listed = listed.astype({ID: "string", TIME: "datetime64[ns]"})
+    if zone is not None:
+        listed[TIME] = in_zone(listed[TIME], zone, freq)
     try:
         writer.write(listed)
         writer.commit()

@@ -10,8 +10,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any, Literal
+
+import numpy as np
 
 from forecaster.errors import InvalidConfigError
 from forecaster.time_axis import CALENDAR_FEATURES
@@ -27,6 +32,54 @@ NAIVE_BLENDS = ("gates", "softmax")
 def _check(condition: bool, name: str, expected: str, actual: object) -> None:
     if not condition:
         raise InvalidConfigError(f"{name}: expected {expected}, got {actual!r}", field=name)
+
+
+def _check_types(config: object) -> None:
+    """Every field holds the type its annotation names, before any range is checked: an int
+    field takes no 1.5 or True (torch would fail deep inside fit), a float field no text or
+    infinity (a rate of inf trains to NaN), a bool field no "false" (which reads as true)."""
+    hints = typing.get_type_hints(type(config))
+    for field in dataclasses.fields(config):  # type: ignore[arg-type]
+        value, hint = getattr(config, field.name), hints[field.name]
+        _check(_is_a(value, hint), field.name, _describe(hint), value)
+
+
+def _is_a(value: object, hint: Any) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    boolean = isinstance(value, bool | np.bool_)
+    if hint is type(None):
+        return value is None
+    if origin in (typing.Union, types.UnionType):
+        return any(_is_a(value, arg) for arg in args)
+    if origin is Literal:
+        return isinstance(value, str) and value in args
+    if origin is tuple:  # tuple[X, ...]; a list is taken too (JSON has no tuples)
+        return isinstance(value, tuple | list) and all(_is_a(v, args[0]) for v in value)
+    if hint is bool:
+        return boolean
+    if hint is int:
+        return isinstance(value, int | np.integer) and not boolean
+    if hint is float:
+        number = isinstance(value, int | float | np.integer | np.floating) and not boolean
+        return number and math.isfinite(value)  # type: ignore[arg-type]
+    if hint is str:
+        return isinstance(value, str)
+    return True
+
+
+def _describe(hint: Any) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is type(None):
+        return "None"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(arg) for arg in args)
+    if origin is Literal:
+        return " or ".join(map(str, args))
+    if origin is tuple:
+        return f"a list of {_describe(args[0])} values"
+    return {int: "an integer", float: "a finite number", bool: "true or false"}.get(
+        hint, getattr(hint, "__name__", str(hint))
+    )
 
 
 # Edges, as fractions of the context length L, of the bands of history whose intervals are
@@ -122,6 +175,7 @@ class ModelConfig:
     covariates: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        _check_types(self)
         _check(self.context_length >= 1, "context_length", ">= 1", self.context_length)
         _check(self.prediction_length >= 1, "prediction_length", ">= 1", self.prediction_length)
         _check(
@@ -358,7 +412,7 @@ class TrainConfig:
     max_val_windows: int = 65536
     # Seed for weights, window sampling and dropout.
     seed: int = 0
-    # "auto" picks cuda when available, else cpu; or name a torch device.
+    # "auto" picks cuda when available, else cpu; or "cpu", "cuda", "cuda:N", "mps".
     device: str = "auto"
     # Wrap the model in torch.compile (worth it on GPU for long runs).
     compile: bool = False
@@ -371,7 +425,15 @@ class TrainConfig:
     predict_batch_size: int = 1024
 
     def __post_init__(self) -> None:
+        _check_types(self)
         _check(self.max_epochs >= 0, "max_epochs", ">= 0", self.max_epochs)
+        _check(0 <= self.seed < 2**32, "seed", "in [0, 2**32)", self.seed)
+        _check(
+            re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device) is not None,
+            "device",
+            "auto, cpu, cuda, cuda:N or mps",
+            self.device,
+        )
         _check(self.batch_size >= 1, "batch_size", ">= 1", self.batch_size)
         _check(self.learning_rate > 0, "learning_rate", "> 0", self.learning_rate)
         _check(

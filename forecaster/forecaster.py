@@ -605,6 +605,8 @@ class Forecaster:
         With `verify`, the forecast saved beside the weights is replayed and must come out the
         same (`ModelCodeMismatchError` otherwise), so a model never serves under code that
         forecasts differently from the code that trained it. Models saved without one load.
+        `device` None is "auto" (cuda when there is one), not the device it trained on: a
+        model trained on a GPU serves on a CPU machine.
         """
         path = Path(path)
         meta = json.loads((path / CONFIG_FILE).read_text())
@@ -613,9 +615,7 @@ class Forecaster:
                 f"{path / CONFIG_FILE}: expected format_version {FORMAT_VERSION}, got "
                 f"{meta.get('format_version')!r} (retrain the model with this version)"
             )
-        train_values = dict(meta["train_config"])
-        if device is not None:
-            train_values["device"] = device
+        train_values = {**meta["train_config"], "device": device or "auto"}
         model_values = dict(meta["model_config"])
         train_values.setdefault("glitch_threshold", None)  # saved before the rule: none
         train_values.setdefault("seasonal_glitch_factor", None)  # before the cycle's test

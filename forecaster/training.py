@@ -40,6 +40,7 @@ from forecaster.config import (
     ModelConfig,
     TrainConfig,
 )
+from forecaster.errors import InvalidConfigError
 from forecaster.model import (
     NormalizedOutput,
     PatchTransformer,
@@ -131,10 +132,33 @@ class TrainResult:
 
 
 def resolve_device(name: str = "auto") -> torch.device:
-    """ "auto" -> cuda when available, else cpu; anything else is passed to torch.device."""
+    """ "auto" -> cuda when available, else cpu; anything else names a torch device, which
+    must be usable here (InvalidConfigError otherwise, rather than torch's assertion)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise InvalidConfigError(
+            f"device: expected auto, cpu, cuda, cuda:N or mps, got {name!r}", field="device"
+        ) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidConfigError(
+            f"device: {name!r} asked for, but CUDA is not available here (torch "
+            f"{torch.__version__}); expected auto or cpu",
+            field="device",
+        )
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise InvalidConfigError(
+            f"device: {name!r} asked for, but this machine has {torch.cuda.device_count()} "
+            "CUDA device(s)",
+            field="device",
+        )
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise InvalidConfigError(
+            f"device: {name!r} asked for, but MPS is not available here", field="device"
+        )
+    return device
 
 
 def bf16_autocast(device: torch.device, bf16: bool | None) -> AbstractContextManager:

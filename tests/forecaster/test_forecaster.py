@@ -119,6 +119,17 @@ def test_save_load_predicts_bit_identically(fitted, series, tmp_path):
     )
 
 
+def test_a_model_trained_on_a_gpu_loads_where_there_is_none(fitted, series, tmp_path):
+    """The device a model trained on is not where it must serve: load picks "auto"."""
+    path = fitted.save(tmp_path / "model")
+    meta = json.loads((path / "config.json").read_text())
+    meta["train_config"]["device"] = "cuda"
+    (path / "config.json").write_text(json.dumps(meta))
+    reloaded = Forecaster.load(path)
+    assert reloaded.train_config.device == "auto"
+    pd.testing.assert_frame_equal(reloaded.predict(series), fitted.predict(series))
+
+
 def test_an_interrupted_save_leaves_the_model_saved_before(fitted, series, tmp_path, monkeypatch):
     """Ctrl-C while a save over an existing model writes: the old model loads as it was, and
     no partial file is left. Once every file is written, the renames hold a real SIGINT until

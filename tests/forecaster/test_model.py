@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from forecaster import ModelConfig, TrainConfig
+from forecaster import Forecaster, ModelConfig, TrainConfig
 from forecaster.config import N_HISTORY_BANDS
 from forecaster.errors import InvalidConfigError
 from forecaster.model import PatchTransformer, fill_gaps, history_band, naive_forecast_maps
@@ -514,11 +514,45 @@ def test_invalid_config_says_expected_and_actual(tiny_config, field, value, mess
 
 
 @pytest.mark.parametrize(
+    ("config", "field", "value", "expected"),
+    [
+        (ModelConfig, "context_length", 1.5, "an integer"),  # once a TypeError deep in torch
+        (ModelConfig, "n_heads", 2.0, "an integer"),
+        (ModelConfig, "d_model", True, "an integer"),
+        (ModelConfig, "dropout", "0.1", "a finite number"),
+        (ModelConfig, "linear_start", "false", "true or false"),  # "false" read as true
+        (ModelConfig, "covariates", "promo", "a list of str values"),  # once split in letters
+        (TrainConfig, "learning_rate", float("inf"), "a finite number"),  # trained to NaN
+        (TrainConfig, "patience", 1.5, "an integer"),
+        (TrainConfig, "compile", "false", "true or false"),
+        (TrainConfig, "seed", -1, r"in \[0, 2\*\*32\)"),
+        (TrainConfig, "seed", None, "an integer"),
+        (TrainConfig, "device", "gpu", "auto, cpu, cuda, cuda:N or mps"),
+    ],
+)
+def test_a_config_value_of_the_wrong_type_is_refused_naming_its_field(
+    config, field, value, expected
+):
+    with pytest.raises(InvalidConfigError, match=f"{field}: expected {expected}") as error:
+        config(**{field: value})
+    assert error.value.field == field
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_cuda_device_without_cuda_is_a_config_error_naming_the_device():
+    config = TrainConfig(device="cuda")  # valid: a GPU machine may run what this one writes
+    with pytest.raises(InvalidConfigError, match="CUDA is not available") as error:
+        Forecaster(train_config=config)
+    assert error.value.field == "device"
+
+
+@pytest.mark.parametrize(
     "value", [0.0, -1.0, float("nan"), float("inf"), (1.0, 1.0), (1.0,) * 5 + (-1.0,), "1.5"]
 )
 def test_an_interval_scale_that_is_not_a_positive_factor_is_refused(value):
     with pytest.raises(
-        InvalidConfigError, match="interval_scale: expected None, a positive finite factor or 6"
+        InvalidConfigError,
+        match="interval_scale: expected (None, a positive finite factor or 6|a finite number or a list)",
     ):
         TrainConfig(interval_scale=value)
 

@@ -58,6 +58,7 @@ from forecaster.training import (
     TrainResult,
     WindowSet,
     bf16_autocast,
+    distributed_rank,
     evenly_spaced,
     resolve_device,
     seed_everything,
@@ -545,10 +546,13 @@ class Forecaster:
 
         Everything is computed before anything is written, and every file is written beside
         its final name before any is renamed over it: a failed or interrupted save leaves the
-        model saved before, if any, as it was.
+        model saved before, if any, as it was. Under torchrun only rank 0 writes (every rank
+        holds the same weights); the others return `path` at once.
         """
         model = self._require_model()
         path = Path(path)
+        if distributed_rank() != 0:
+            return path
         state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
         training = None
         if self.train_result is not None:

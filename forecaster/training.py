@@ -197,6 +197,14 @@ class _Distributed:
         return self.rank == 0
 
 
+def distributed_rank() -> int:
+    """This process's rank under torchrun (the process group's, else the environment's); 0
+    when not distributed."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
 def _setup_distributed(device: torch.device) -> tuple[_Distributed, torch.device]:
     """Join the process group torchrun describes in the environment, if any."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -500,6 +508,10 @@ def train_model(
     step_weights = horizon_weights(mc, device)
     autocast = bf16_autocast(device, config.bf16)
     rng = np.random.default_rng(config.seed)  # same on every rank: ranks shard one permutation
+    # Augmentations draw as much as their batch holds (frequency masking one row per complete
+    # window): from the order's stream on other ranks, they would desync the permutation the
+    # ranks shard. One process keeps the one stream, so runs replay to the digit.
+    augment_rng = rng if world.world_size == 1 else np.random.default_rng([config.seed, world.rank])
     outage_span = config.outage_seasons * (mc.season_length or mc.patch)
 
     def evaluate() -> float:
@@ -549,10 +561,13 @@ def train_model(
             batch = gather_windows(train.panel, origins, mc.context_length, mc.prediction_length)
             if config.frequency_mask_probability:
                 batch = with_frequency_masking(
-                    batch, config.frequency_mask_probability, config.frequency_mask_rate, rng
+                    batch,
+                    config.frequency_mask_probability,
+                    config.frequency_mask_rate,
+                    augment_rng,
                 )
             if config.outage_probability:
-                batch = with_outages(batch, config.outage_probability, outage_span, rng)
+                batch = with_outages(batch, config.outage_probability, outage_span, augment_rng)
             batch = batch.to(device)
             with autocast:
                 output, _ = train_module(

@@ -118,7 +118,8 @@ def load_settings(args: argparse.Namespace):
         # Merge --set sections over the other sources rather than replacing them.
         base = PipelineSettings.load(getattr(args, "config", None))
         for section in ("model", "train"):
-            if section in overrides:
+            # Anything but a mapping is left for the settings' own check to name.
+            if isinstance(overrides.get(section), dict):
                 overrides[section] = {**getattr(base, section), **overrides[section]}
     return PipelineSettings.load(getattr(args, "config", None), **overrides)
 

@@ -163,7 +163,10 @@ def degradation(
     if backtest_mase is None or not math.isfinite(backtest_mase):
         return False, f"version {accuracy.version} has no backtest MASE to compare with"
     if not math.isfinite(accuracy.mase):
-        return False, f"version {accuracy.version}: realised MASE undefined (constant series)"
+        return (
+            False,
+            f"version {accuracy.version}: realised MASE undefined (constant series, or too little history for its seasonal scale)",
+        )
     limit = backtest_mase * (1 + tolerance)
     verdict = (
         f"version {accuracy.version}: realised MASE {accuracy.mase:.4f} over {accuracy.points} "

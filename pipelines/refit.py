@@ -20,7 +20,7 @@ import logging
 from forecaster import Forecaster
 from pipelines import tracking
 from pipelines.ingest import IngestResult
-from pipelines.promote import DECISION, PREVIOUS_CHAMPION
+from pipelines.promote import PREVIOUS_CHAMPION
 from pipelines.register import code_version, input_example, register
 from pipelines.registry import CHAMPION, ModelRef
 from pipelines.train import TrainOutcome
@@ -62,6 +62,9 @@ def refit(
             for k, v in evaluated_tags.items()
             if k.startswith(("backtest.", "promotion.", "data."))
         }
+        # The champion the evaluated version replaced is the one to roll back to; tagged at
+        # creation, so the version never holds the alias without it.
+        previous = evaluated_tags.get(PREVIOUS_CHAMPION)
         version = register(
             refitted,
             input_example(refitted, data.frame),
@@ -77,25 +80,21 @@ def refit(
                 "train.epochs": str(len(factors)),
                 "train.glitches": str(refitted.train_result.n_glitches),
                 "code_version": code_version(),
+                **({PREVIOUS_CHAMPION: previous} if previous is not None else {}),
             },
+            # Straight to champion: it was never evaluated, so it is no challenger, and the
+            # evaluated version keeps @challenger.
+            alias=CHAMPION,
+            run_tag="refit_version",
         )
         client.set_model_version_tag(
             model_name, evaluated_version.version, REFIT_VERSION, version.version
         )
-        if evaluated_tags.get(DECISION) == "promoted":
-            # The champion the evaluated version replaced is the one to roll back to.
-            previous = evaluated_tags.get(PREVIOUS_CHAMPION)
-            if previous is not None:
-                client.set_model_version_tag(
-                    model_name, version.version, PREVIOUS_CHAMPION, previous
-                )
-            client.set_registered_model_alias(model_name, CHAMPION, version.version)
-            logger.info(
-                "%s version %s, the refit of version %s, is now @%s",
-                model_name,
-                version.version,
-                evaluated_version.version,
-                CHAMPION,
-            )
-    client.set_tag(run_id, "refit_version", version.version)
+    logger.info(
+        "%s version %s, the refit of version %s, is now @%s",
+        model_name,
+        version.version,
+        evaluated_version.version,
+        CHAMPION,
+    )
     return version

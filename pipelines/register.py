@@ -1,4 +1,5 @@
-"""Register: log the Forecaster as an MLflow pyfunc and register it as the `challenger`.
+"""Register: log the Forecaster as an MLflow pyfunc and register it as the `challenger` (a
+refit: the `champion`).
 
 The version is created with its tags in one request and only then gets the alias, so a
 failure leaves no alias moved; a version whose alias could not be set is deleted again
@@ -149,9 +150,12 @@ def register(
     model_name: str,
     tags: Mapping[str, str],
     artifact_name: str = "model",
+    alias: str = CHALLENGER,
+    run_tag: str = "registered_version",
 ) -> ModelRef:
     """Log the model, register a new version of ``model_name`` with ``tags``, alias it
-    ``challenger``, and return it."""
+    ``alias`` (a refit goes straight to ``champion``), tag the run with the version under
+    ``run_tag``, and return it."""
     info = log_model(
         forecaster, example, run_id=run_id, tracking_uri=client.tracking_uri, name=artifact_name
     )
@@ -169,15 +173,15 @@ def register(
     )
     version = str(model_version.version)
     try:
-        client.set_registered_model_alias(model_name, CHALLENGER, version)
+        client.set_registered_model_alias(model_name, alias, version)
     except BaseException:  # Ctrl-C too: a version without its alias is half-registered
         try:
             client.delete_model_version(model_name, version)
         except Exception:  # the server that failed the alias may fail this too
             logger.warning("could not delete version %s of %s after a failure", version, model_name)
         raise
-    logger.info("registered %s version %s as @%s", model_name, version, CHALLENGER)
-    client.set_tag(run_id, "registered_version", version)
+    logger.info("registered %s version %s as @%s", model_name, version, alias)
+    client.set_tag(run_id, run_tag, version)
     return registry.resolve_model(
         f"models:/{model_name}/{version}", tracking_uri=client.tracking_uri
     )

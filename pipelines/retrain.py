@@ -88,8 +88,14 @@ def _plan(settings: PipelineSettings) -> SplitPlan:
     )
 
 
-def load_data(settings: PipelineSettings, data: str | Path | pd.DataFrame | None) -> IngestResult:
-    """Ingest ``data`` (or the configured source) with the length the split plan needs."""
+def load_data(
+    settings: PipelineSettings,
+    data: str | Path | pd.DataFrame | None,
+    *,
+    to_train: bool = True,
+) -> IngestResult:
+    """Ingest ``data`` (or the configured source): with the length the split plan needs to
+    train, or (``to_train`` false: monitoring, which only scores actuals) any length."""
     source = data if data is not None else settings.data
     if source is None:
         raise ForecasterInputError(
@@ -100,9 +106,9 @@ def load_data(settings: PipelineSettings, data: str | Path | pd.DataFrame | None
     return ingest(
         source,
         covariates=settings.model_config_obj().covariates,
-        min_length=plan.min_series_length,
+        min_length=plan.min_series_length if to_train else 1,
         time_column=settings.time_column,
-        requirement=plan.describe(),
+        requirement=plan.describe() if to_train else "",
     )
 
 
@@ -338,4 +344,4 @@ def check_champion(
         tracking.tracking_errors(settings.resolved_tracking_uri),
         PipelineRun(settings, "monitor") as run,
     ):
-        return _monitor(settings, load_data(settings, data), run)
+        return _monitor(settings, load_data(settings, data, to_train=False), run)

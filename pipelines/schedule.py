@@ -28,7 +28,7 @@ from forecaster.errors import ForecasterInputError, InvalidConfigError
 from pipelines.errors import ModelNotFoundError, PipelineLockedError, TrackingUnavailableError
 from pipelines.lock import pipeline_lock
 from pipelines.retrain import RetrainResult, check_champion, retrain
-from pipelines.settings import PipelineSettings
+from pipelines.settings import PipelineSettings, cron_problem
 
 logger = logging.getLogger(__name__)
 
@@ -72,12 +72,10 @@ def run_schedule(
     Raises:
         PipelineLockedError: another scheduler is running.
     """
-    expression = cron or settings.schedule
-    if not croniter.is_valid(expression):
-        raise InvalidConfigError(
-            f"cron: expected a cron expression such as '0 3 * * *', got {expression!r}",
-            field="cron",
-        )
+    expression = settings.schedule if cron is None else cron
+    problem = cron_problem(expression)
+    if problem:
+        raise InvalidConfigError(f"cron: {problem}", field="cron")
     report = ScheduleReport()
     with pipeline_lock(scheduler_lock_path(settings), what="scheduler"):
         first = run_now

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
@@ -35,6 +36,18 @@ from pipelines.registry import DEFAULT_MODEL_NAME
 PromotionMetric = Literal["mae", "mse", "rmse", "mase", "smape", "pinball"]
 
 _yaml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("yaml_file", default=None)
+
+
+def cron_problem(expression: str) -> str | None:
+    """What is wrong with a cron `expression` for the scheduler, or None: it must parse and
+    fire at some date ("0 0 31 2 *", 31 February, parses and never does)."""
+    if not expression.strip() or not croniter.is_valid(expression):
+        return f"expected a cron expression such as '0 3 * * *', got {expression!r}"
+    try:
+        croniter(expression, datetime.now()).get_next(datetime)
+    except CroniterBadDateError:
+        return f"the cron expression {expression!r} never fires (no such date)"
+    return None
 
 
 class PipelineSettings(BaseSettings):
@@ -116,8 +129,9 @@ class PipelineSettings(BaseSettings):
     @field_validator("schedule")
     @classmethod
     def _valid_cron(cls, value: str) -> str:
-        if not croniter.is_valid(value):
-            raise ValueError(f"expected a cron expression such as '0 3 * * *', got {value!r}")
+        problem = cron_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value
 
     @field_validator("model_name")

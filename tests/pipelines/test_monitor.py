@@ -124,6 +124,9 @@ def test_retrain_scores_the_champions_logged_forecasts_and_a_shift_is_degradatio
     assert healthy.champion.mae == pytest.approx(np.mean(np.abs(truth["y"] - truth["mean"])))
     assert healthy.champion.points == len(truth) == len(logged)
     assert not healthy.degraded, healthy.reason
+    # Monitoring trains nothing: actuals far shorter than training needs score the same.
+    recent = _observed(data, horizon).groupby("unique_id").tail(2 * horizon)
+    assert check_champion(settings, recent).champion.mae == pytest.approx(healthy.champion.mae)
 
     client = client_for(store)
     tags = client.get_model_version("forecaster", "1").tags

@@ -175,3 +175,12 @@ def test_an_unknown_top_level_set_key_is_named(store, tmp_path, capsys):
     argv = ["retrain", "--config", str(cfg), "--data", _write(_good(), tmp_path / "d.csv")]
     assert main([*argv, "--set", "promotion_margn=0.02"]) == 2
     assert "promotion_margn" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["5", "[1]"])
+@pytest.mark.parametrize("section", ["model", "train"])
+def test_a_set_section_that_is_not_a_mapping_is_named(store, tmp_path, capsys, section, value):
+    _, cfg = store
+    argv = ["retrain", "--config", str(cfg), "--data", _write(_good(), tmp_path / "d.csv")]
+    assert main([*argv, "--set", f"{section}={value}"]) == 2
+    assert f"error: {section}: Input should be a valid dictionary" in capsys.readouterr().err

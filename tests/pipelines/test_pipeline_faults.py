@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from pipelines.lock import pipeline_lock
 from pipelines.retrain import retrain
 from pipelines.schedule import run_schedule, scheduler_lock_path
@@ -183,12 +185,24 @@ def test_failed_scheduled_run_is_logged_failed_and_champion_stays(store, tmp_pat
     assert all("NonNumericValuesError" in r.data.tags["error"] for r in failed)
 
 
-def test_invalid_cron_is_rejected(tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("cron", "says"),
+    [
+        ("at dawn", "expected a cron expression"),
+        ("", "expected a cron expression"),
+        ("0 0 31 2 *", "never fires"),
+    ],  # 31 February parses, then crashed the scheduler
+)
+def test_invalid_cron_is_rejected(tmp_path, capsys, cron, says):
     from pipelines.cli import main
 
     cfg = config_file(tmp_path)
-    assert main(["schedule", "--config", str(cfg), "--cron", "at dawn"]) == 2
-    assert "cron" in capsys.readouterr().err
+    assert main(["schedule", "--config", str(cfg), "--cron", cron]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cron: ") and says in err
+    settings = config_file(tmp_path, schedule=cron)
+    assert main(["schedule", "--config", str(settings), "--max-runs", "1"]) == 2
+    assert "schedule" in capsys.readouterr().err
 
 
 def test_terminated_run_is_marked_killed(store, data_csv):

@@ -31,6 +31,15 @@ def test_the_promoted_configuration_is_refit_on_all_data_and_serves(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     champion = resolve_model("models:/forecaster@champion", tracking_uri=uri)
     assert champion.version == refitted
+    # The refit was never evaluated: @challenger stays on the evaluated twin, and the run
+    # names both, each under its own tag.
+    aliases = client.get_registered_model("forecaster").aliases
+    assert {k: str(v) for k, v in aliases.items()} == {
+        "champion": refitted,
+        "challenger": evaluated,
+    }
+    run_tags = client.get_run(result.run_id).data.tags
+    assert (run_tags["registered_version"], run_tags["refit_version"]) == (evaluated, refitted)
     model = load_version(champion, tracking_uri=uri)
     assert 0 <= int(tags["train.epochs"]) <= settings.train_config_obj().max_epochs
     forecast = model.predict(frame)

@@ -202,7 +202,7 @@ def forecast_batch(
     return forecaster.forecast(forecaster.prepare(history, future, steps)).select(steps, levels)
 
 
-def _in(zone: Any, freq: str, frame: pd.DataFrame) -> pd.DataFrame:
+def _zoned(frame: pd.DataFrame, zone: Any, freq: str) -> pd.DataFrame:
     """`frame`'s naive ds in time zone `zone` (see time_axis.in_zone); as is when None."""
     return frame if zone is None else frame.assign(**{TIME: in_zone(frame[TIME], zone, freq)})
 
@@ -304,12 +304,12 @@ def predict_file(
             forecast = forecast_batch(forecaster, batch, horizon=horizon, quantiles=quantiles)
             # An aware ds comes back in its zone, as from Forecaster.predict.
             zone = getattr(batch[TIME].dtype, "tz", None)
-            writer.write(_in(zone, forecaster.freq, forecast.to_frame()))
+            writer.write(_zoned(forecast.to_frame(), zone, forecaster.freq))
             counts = np.fromiter((len(g) for g in forecast.glitches), dtype=np.int64)
             n_glitches += int(counts.sum())
             n_glitched_series += int((counts > 0).sum())
             if glitch_writer is not None:
-                glitch_writer.write(_in(zone, forecaster.freq, forecast.glitch_frame()))
+                glitch_writer.write(_zoned(forecast.glitch_frame(), zone, forecaster.freq))
             if log is not None:
                 log.append(records(forecast, model_name=ref.name, model_version=ref.version))
             n_series += int(batch[ID].nunique())

@@ -220,4 +220,4 @@ def test_tracking_server_lost_mid_training(tmp_path):
         # the first run's evaluated version and its refit; nothing from the interrupted run
         assert sorted(str(v.version) for v in versions) == ["1", "2"]
         aliases = client.get_registered_model("forecaster").aliases
-        assert {k: str(v) for k, v in aliases.items()} == {"champion": "2", "challenger": "2"}
+        assert {k: str(v) for k, v in aliases.items()} == {"champion": "2", "challenger": "1"}

@@ -4,7 +4,8 @@ The manager follows the configured alias: a background poller (and `POST /v1/mod
 asks the registry which version the alias points at; a new version is downloaded, loaded and
 smoke-tested in a worker thread while the current one keeps serving, then swapped in with one
 reference assignment. A version that fails to load or predict is refused (and not retried by the
-poller until the alias moves again); the registry being unreachable changes nothing.
+poller until the alias moves away and back, or a forced reload); the registry or the artifact
+store being unreachable changes nothing: the version is fetched again at the next poll.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ from service.metrics import ServiceMetrics
 from service.settings import ServiceSettings
 
 logger = logging.getLogger(__name__)
+
+
+class ArtifactsUnavailableError(RuntimeError):
+    """A version's artifacts could not be fetched (store down, files not there yet): nothing
+    is known to be wrong with the version itself, so it is tried again at the next poll."""
 
 
 @dataclass(frozen=True)
@@ -131,9 +137,15 @@ class RegistrySource:
         self.download_root.mkdir(parents=True, exist_ok=True)
         # Forecaster.load reads everything into memory, so the download can go right after.
         with tempfile.TemporaryDirectory(dir=self.download_root) as tmp:
-            path = download_forecaster(
-                ref, Path(tmp) / "forecaster", tracking_uri=self.tracking_uri
-            )
+            try:
+                path = download_forecaster(
+                    ref, Path(tmp) / "forecaster", tracking_uri=self.tracking_uri
+                )
+            except Exception as exc:  # whatever the store says, the files are not here
+                raise ArtifactsUnavailableError(
+                    f"version {identity.version}'s artifacts could not be fetched: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
             return Forecaster.load(path, device=self.device)
 
 
@@ -221,6 +233,7 @@ class ModelManager:
         self.last_check_at: datetime | None = None
         self.last_check_error: str | None = None
         self.refused: dict[str, _Refusal] = {}
+        self._resolved: str | None = None  # the version the alias named at the last check
         self.bind()
 
     def bind(self) -> None:
@@ -239,6 +252,12 @@ class ModelManager:
 
     def unavailable_reason(self) -> str:
         """Why no model is served, naming the NAME@alias the service waits for."""
+        refusal = self.refused.get(self._resolved or "")
+        if refusal is not None:
+            return (
+                f"no model is loaded: {self.label} is version {refusal.version}, which was "
+                f"refused ({refusal.error}); waiting for the alias to move"
+            )
         reason = f"no model is loaded: waiting for {self.label} in the model registry"
         if self.last_check_error:
             reason += f" ({self.last_check_error})"
@@ -272,13 +291,14 @@ class ModelManager:
             logger.warning("model registry check for %s failed: %s", self.label, exc)
             return CheckOutcome("unavailable", self.last_check_error)
         self.last_check_error = None
+        moved, self._resolved = identity.version != self._resolved, identity.version
         current = self.current
         if current is not None and current.identity.version == identity.version:
             if current.identity != identity:  # same version, fresher metadata (metrics, alias)
                 self.current = ServedModel(current.forecaster, identity, current.loaded_at)
                 self.metrics.set_realised(identity.realised)
             return CheckOutcome("unchanged", f"version {identity.version} is already served")
-        if identity.version in self.refused and not force:
+        if identity.version in self.refused and not (force or moved):
             refusal = self.refused[identity.version]
             return CheckOutcome(
                 "refused", f"version {identity.version} was refused: {refusal.error}"
@@ -287,6 +307,11 @@ class ModelManager:
         logger.info("loading %s version %s", identity.name, identity.version)
         try:
             forecaster = await asyncio.to_thread(self._load_and_test, identity)
+        except ArtifactsUnavailableError as exc:
+            self.last_check_error = str(exc)
+            self.metrics.registry_errors.inc()
+            logger.warning("%s: %s; trying again at the next check", self.label, exc)
+            return CheckOutcome("unavailable", self.last_check_error)
         except Exception as exc:  # any failure refuses the version; the current one keeps serving
             message = f"{type(exc).__name__}: {exc}"
             self.refused[identity.version] = _Refusal(identity.version, message, datetime.now(UTC))

@@ -94,6 +94,51 @@ def test_a_version_that_cannot_forecast_is_refused_and_the_current_keeps_serving
     assert 'forecaster_model_loads_total{outcome="refused"} 1.0' in client.get("/metrics").text
 
 
+def test_a_refused_version_is_tried_again_when_the_alias_moves_away_and_back(
+    make_client, fitted, payload
+):
+    source = Versions(fitted)
+    client = make_client(source=source, poll_interval_s=0.2)
+    source.version = "2"
+    assert _wait(lambda: client.get("/v1/models").json()["refused"])
+    source.models["2"] = fitted  # fixed, and registered again under the same number
+    source.version = "1"
+    seen = client.get("/v1/models").json()["last_check_at"]
+    # Two checks later the poller has surely seen the alias on version 1.
+    for _ in range(2):
+        assert _wait(lambda: client.get("/v1/models").json()["last_check_at"] != seen)
+        seen = client.get("/v1/models").json()["last_check_at"]
+    assert client.get("/v1/models").json()["refused"][0]["version"] == "2"
+    source.version = "2"
+    assert _wait(lambda: client.get("/v1/models").json()["loaded"]["version"] == "2")
+    assert client.get("/v1/models").json()["refused"] == []
+
+
+def test_artifacts_out_of_reach_are_fetched_again_not_refused(
+    make_client, registry, fitted, training_frame, payload, tmp_path
+):
+    """The artifact store down (here: the files moved away) when the alias moves: the version
+    is not the culprit, so it is fetched again once they are back, without a forced reload."""
+    registry.register(fitted, training_frame)
+    client = make_client(source="registry", tracking_uri=registry.tracking_uri, poll_interval_s=0.2)
+    assert client.get("/v1/models").json()["loaded"]["version"] == "1"
+    v2 = registry.register(fitted, training_frame, alias="challenger")
+    store, away = tmp_path / "mlartifacts", tmp_path / "away"
+    store.rename(away)
+    registry.move_alias(v2)
+    assert _wait(
+        lambda: (
+            "could not be fetched" in (client.get("/v1/models").json()["last_check_error"] or "")
+        )
+    )
+    state = client.get("/v1/models").json()
+    assert state["loaded"]["version"] == "1" and state["refused"] == []
+    out = client.post("/v1/forecast", json={"series": [payload("series_000")]})
+    assert out.status_code == 200 and out.json()["model"]["version"] == "1"
+    away.rename(store)
+    assert _wait(lambda: client.get("/v1/models").json()["loaded"]["version"] == v2)
+
+
 def test_registry_unreachable_after_startup_keeps_serving(make_client, fitted, payload):
     source = Versions(fitted)
     client = make_client(source=source, poll_interval_s=0.2)
@@ -127,4 +172,6 @@ def test_a_version_saved_by_code_that_forecasts_differently_is_refused(
     assert state["refused"][0]["version"] == version
     assert "ModelCodeMismatchError" in state["refused"][0]["error"]
     assert "reference forecast" in state["refused"][0]["error"]
-    assert client.get("/readyz").status_code == 503
+    ready = client.get("/readyz")
+    assert ready.status_code == 503
+    assert f"is version {version}, which was refused" in ready.json()["detail"]

@@ -118,6 +118,7 @@ class ForecastLog:
         self.flush_rows = flush_rows
         self.max_buffer_rows = max_buffer_rows
         self.dropped_rows = 0
+        self.written_rows = 0  # rows in files, so a caller can count what is on disk
         self._buffer: list[pa.Table] = []
         self._rows = 0
         self._lock = threading.Lock()  # guards the buffer
@@ -125,6 +126,11 @@ class ForecastLog:
         # The first flush prunes: the monotonic clock starts near 0 at boot, so "0" would
         # mean "pruned a moment ago" on a machine up for less than PRUNE_EVERY_S.
         self._last_prune = -math.inf
+
+    @property
+    def buffered_rows(self) -> int:
+        """Rows appended and not yet written."""
+        return self._rows
 
     def append(self, table: pa.Table) -> None:
         with self._lock:
@@ -154,6 +160,7 @@ class ForecastLog:
                     self._buffer[:0] = tables
                     self._rows += sum(t.num_rows for t in tables)
                 raise
+            self.written_rows += sum(t.num_rows for t in tables)
             if self.retention_days is not None and time.monotonic() - self._last_prune > (
                 PRUNE_EVERY_S
             ):

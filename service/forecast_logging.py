@@ -16,8 +16,6 @@ import logging
 import threading
 from pathlib import Path
 
-import pyarrow as pa
-
 from forecaster.outputs import ForecastArrays
 from pipelines.forecast_log import ForecastLog, records
 from service.inference import ItemForecast
@@ -48,6 +46,9 @@ class ServiceForecastLog:
         self._pending: list[tuple[ModelIdentity, ForecastArrays]] = []
         self._pending_rows = 0
         self._lock = threading.Lock()
+        # The log's written and dropped rows already counted in the metrics: rows count as
+        # logged once they are in a file, not when they enter the buffer.
+        self._counted_written = self._counted_dropped = 0
 
     @classmethod
     def from_settings(
@@ -77,13 +78,13 @@ class ServiceForecastLog:
             self._pending.append((identity, forecast))
             self._pending_rows += rows
 
-    def _append(self, table: pa.Table) -> None:
-        before = self.log.dropped_rows
-        self.log.append(table)
-        dropped = self.log.dropped_rows - before
-        self.metrics.forecast_log_rows.labels("logged").inc(table.num_rows - dropped)
-        if dropped:
-            self.metrics.forecast_log_rows.labels("dropped").inc(dropped)
+    def _count(self) -> None:
+        written, dropped = self.log.written_rows, self.log.dropped_rows
+        if written > self._counted_written:
+            self.metrics.forecast_log_rows.labels("logged").inc(written - self._counted_written)
+        if dropped > self._counted_dropped:
+            self.metrics.forecast_log_rows.labels("dropped").inc(dropped - self._counted_dropped)
+        self._counted_written, self._counted_dropped = written, dropped
 
     def flush(self) -> None:
         """Turn the pending online forecasts into log rows and write everything buffered."""
@@ -101,11 +102,13 @@ class ServiceForecastLog:
             except Exception:
                 logger.exception("forecast log: could not record %d forecast(s)", len(parts))
                 continue
-            self._append(table)
+            self.log.append(table)
         try:
             self.log.flush()
         except OSError as exc:
             logger.warning("forecast log: could not write to %s: %s", self.log.directory, exc)
+        finally:
+            self._count()
 
     async def run_flusher(self) -> None:
         """Flush every ``flush_s`` seconds until cancelled, then once more."""
@@ -116,3 +119,6 @@ class ServiceForecastLog:
         finally:
             with contextlib.suppress(BaseException):
                 await asyncio.to_thread(self.flush)
+            if lost := self.log.buffered_rows:  # the last write failed: nothing retries it
+                logger.error("forecast log: %d row(s) could not be written and are lost", lost)
+                self.metrics.forecast_log_rows.labels("dropped").inc(lost)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import (
@@ -41,6 +43,24 @@ def mark_worker_dead() -> None:
     """Drop this worker's live gauges from the shared files (at shutdown)."""
     if multiprocess_mode():
         multiprocess.mark_process_dead(os.getpid())
+
+
+def _forget_dead_workers(directory: Path) -> None:
+    """Drop the live gauges of workers that are gone: a worker killed outright (OOM, SIGKILL)
+    never ran its shutdown, and its last model and queue values would be reported for ever
+    beside its replacement's."""
+    pids = {
+        int(match.group(1))
+        for path in directory.glob("gauge_live*_*.db")
+        if (match := re.fullmatch(r"gauge_live\w+?_(\d+)\.db", path.name))
+    }
+    for pid in pids - {os.getpid()}:
+        try:
+            os.kill(pid, 0)  # no signal: only asks whether the process exists
+        except ProcessLookupError:
+            multiprocess.mark_process_dead(pid, str(directory))
+        except PermissionError:  # alive, another user's
+            pass
 
 
 LATENCY_BUCKETS = (
@@ -194,6 +214,7 @@ class ServiceMetrics:
 
     def render(self) -> tuple[bytes, str]:
         if multiprocess_mode():
+            _forget_dead_workers(Path(os.environ[MULTIPROC_ENV]))
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
             return generate_latest(registry), CONTENT_TYPE_LATEST

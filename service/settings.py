@@ -26,6 +26,11 @@ class ServiceSettings(BaseSettings):
         extra="ignore",
         validate_default=True,
         populate_by_name=True,
+        # `${VAR:-}` in docker-compose.yml passes unset variables as empty: they mean "the
+        # default" (an empty HOST once meant every interface, an empty DATA_DIR ".").
+        env_ignore_empty=True,
+        # No setting is meaningful at infinity (REQUEST_TIMEOUT_S=inf crashed the CLI).
+        allow_inf_nan=False,
     )
 
     # Where uvicorn listens; `forecaster serve --host/--port/--workers` override these.
@@ -129,21 +134,21 @@ class ServiceSettings(BaseSettings):
 
         return job_store_url(value.strip()) if value and value.strip() else None
 
+    @field_validator("host")
+    @classmethod
+    def _check_host(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("expected an address to listen on, such as 127.0.0.1 or 0.0.0.0")
+        return value.strip()
+
     @field_validator("device")
     @classmethod
     def _check_device(cls, value: str | None) -> str | None:
         if value in (None, "", "auto"):
             return None
-        import torch
+        from forecaster.training import resolve_device  # the library's one device check
 
-        try:
-            device = torch.device(value)
-        except (RuntimeError, ValueError) as exc:
-            raise ValueError(
-                f"expected a torch device such as cpu or cuda:0, got {value!r}"
-            ) from exc
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device {value!r} asked for, but CUDA is not available here")
+        resolve_device(value)  # InvalidConfigError is a ValueError: pydantic reports it
         return value
 
     @field_validator("log_level")
@@ -162,10 +167,13 @@ class ServiceSettings(BaseSettings):
             self.forecast_log_dir = self.data_dir / "forecast_log"
         # Jobs and downloaded models are written under data_dir; inputs are only read, so the
         # input directory may be a read-only mount.
-        for name, access, needs in (
+        checks = [
             ("data_dir", os.W_OK | os.X_OK, "writable"),
             ("input_dir", os.R_OK | os.X_OK, "readable"),
-        ):
+        ]
+        if self.forecast_log:  # else every flush would fail, and the rows be lost
+            checks.append(("forecast_log_dir", os.W_OK | os.X_OK, "writable"))
+        for name, access, needs in checks:
             path = Path(getattr(self, name))
             if not path.is_dir():
                 try:

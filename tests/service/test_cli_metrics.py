@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from service.cli import build_parser, main
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_serve_rejects_bad_settings_with_a_message(tmp_path, capsys):
@@ -59,3 +63,22 @@ def test_metrics_by_route_and_status(client, payload):
         in text
     )
     assert "forecaster_model_version 3.0" in text
+
+
+def test_a_worker_killed_outright_leaves_no_live_gauges_behind(tmp_path, monkeypatch):
+    """--workers N: a worker that dies without its shutdown (OOM, SIGKILL) once kept
+    reporting its model beside its replacement's in every scrape."""
+    from service.metrics import MULTIPROC_ENV, ServiceMetrics
+
+    worker = (
+        "import os; from service.metrics import ServiceMetrics; m = ServiceMetrics(); "
+        "m.set_model('forecaster', '1', 'champion', 'run-1'); m.queue_depth.set(3); os._exit(0)"
+    )
+    env = {**os.environ, MULTIPROC_ENV: str(tmp_path), "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-c", worker], env=env, check=True, timeout=120)
+    assert list(tmp_path.glob("gauge_livemax_*.db"))  # what the dead worker left
+    monkeypatch.setenv(MULTIPROC_ENV, str(tmp_path))
+    text = ServiceMetrics().render()[0].decode()
+    assert 'version="1"' not in text
+    assert "forecaster_queue_depth 3.0" not in text
+    assert not list(tmp_path.glob("gauge_live*_*.db"))

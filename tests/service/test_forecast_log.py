@@ -3,6 +3,8 @@ the served version's realised accuracy as a Prometheus gauge."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from pipelines.forecast_log import read_log
@@ -27,6 +29,11 @@ def test_online_and_batch_forecasts_are_logged(make_client, tmp_path, history, p
     assert sorted(log["unique_id"].unique()) == ["series_000", "series_001", "series_002"]
     assert set(log["model_version"]) == {"3"}
     assert len(log) == 3 * HORIZON
+    rows = client.app.state.metrics.forecast_log_rows
+    assert (rows.labels("logged")._value.get(), rows.labels("dropped")._value.get()) == (
+        3 * HORIZON,
+        0,
+    )
     assert log.groupby("unique_id")["step"].apply(list).map(lambda s: s == list(range(1, 13))).all()
     last = history.groupby("unique_id")["ds"].max()
     np.testing.assert_array_equal(
@@ -37,6 +44,26 @@ def test_online_and_batch_forecasts_are_logged(make_client, tmp_path, history, p
     np.testing.assert_allclose(mine["mean"], first["mean"])
     np.testing.assert_allclose(mine["upper"], first["quantiles"]["0.9"])
     assert [t.isoformat() for t in mine["ds"]] == first["timestamps"]
+
+
+def test_rows_count_as_logged_once_written_and_as_dropped_when_they_cannot_be(
+    make_client, tmp_path, payload, caplog
+):
+    """The log's directory turned into a file under the running service: nothing is written,
+    so nothing counts as logged, and the rows still unwritten at shutdown count as dropped."""
+    client = make_client(forecast_log_flush_s=0.1)
+    log_dir = tmp_path / "data" / "forecast_log"
+    if log_dir.exists():
+        log_dir.rmdir()
+    log_dir.write_text("not a directory")
+    assert client.post("/v1/forecast", json={"series": [payload("series_000")]}).is_success
+    rows = client.app.state.metrics.forecast_log_rows
+    time.sleep(0.5)  # a few flushes fail
+    assert rows.labels("logged")._value.get() == 0
+    assert any("could not write" in r.getMessage() for r in caplog.records)
+    client.__exit__(None, None, None)
+    assert rows.labels("dropped")._value.get() == HORIZON
+    assert any("are lost" in r.getMessage() for r in caplog.records)
 
 
 def test_logging_can_be_switched_off(make_client, tmp_path, payload):

@@ -155,9 +155,13 @@ def test_timeout_is_504(make_client, payload, monkeypatch):
         ("port", 70000, "less than or equal"),
         ("api_keys", "short", "16 characters"),
         ("model_uri", "forecaster@champion", "models:/NAME@alias"),
-        ("device", "quantum", "torch device"),
+        ("device", "quantum", "expected auto, cpu, cuda, cuda:N or mps"),
+        ("device", "mps", "MPS is not available here"),  # once refused every version instead
         ("max_batch_size", 0, "greater than or equal"),
         ("log_level", "loud", "expected one of"),
+        ("request_timeout_s", float("inf"), "finite number"),  # once crashed the CLI
+        ("host", " ", "an address to listen on"),
+        ("forecast_log_dir", "/proc/forecast_log", "forecast_log_dir: cannot create"),
     ],
 )
 def test_settings_fail_fast(tmp_path, setting, value, needle):
@@ -167,6 +171,17 @@ def test_settings_fail_fast(tmp_path, setting, value, needle):
 
     with pytest.raises(ValidationError, match=needle):
         ServiceSettings(data_dir=tmp_path, **{setting: value})
+
+
+def test_an_empty_environment_variable_means_the_default(tmp_path, monkeypatch):
+    """docker-compose passes `${VAR:-}` as an empty value: an empty host once listened on
+    every interface."""
+    from service.settings import ServiceSettings
+
+    monkeypatch.setenv("FORECASTER_SERVICE_HOST", "")
+    monkeypatch.setenv("FORECASTER_SERVICE_REQUEST_TIMEOUT_S", "")
+    settings = ServiceSettings(data_dir=tmp_path)
+    assert (settings.host, settings.request_timeout_s) == ("127.0.0.1", 30.0)
 
 
 def test_settings_from_environment(tmp_path, monkeypatch):

@@ -106,7 +106,7 @@ def test_a_refused_version_is_tried_again_when_the_alias_moves_away_and_back(
     seen = client.get("/v1/models").json()["last_check_at"]
     # Two checks later the poller has surely seen the alias on version 1.
     for _ in range(2):
-        assert _wait(lambda: client.get("/v1/models").json()["last_check_at"] != seen)
+        assert _wait(lambda seen=seen: client.get("/v1/models").json()["last_check_at"] != seen)
         seen = client.get("/v1/models").json()["last_check_at"]
     assert client.get("/v1/models").json()["refused"][0]["version"] == "2"
     source.version = "2"

@@ -46,7 +46,7 @@ class AttentionMaps:
     decoder_self: list[np.ndarray]  # per decoder layer: (S, heads, M, M) causal self-attention
     cross: list[np.ndarray]  # per decoder layer: (S, heads, M, N) decoder -> encoder
     # Per series: ISO timestamp of the first context step, padding included; None when the
-    # padded context reaches before 1677-09-22 (yearly data: 336 steps back from before 2013).
+    # padded context reaches before 1677-09-21 (yearly data: 336 steps back from before 2013).
     context_starts: list[str | None]
     patch_length: int  # steps per token; token i covers steps [i*stride, i*stride + patch_length)
     patch_stride: int

@@ -165,7 +165,7 @@ def plot_attention(
     layer_label = "last layer" if layer == -1 else f"layer {layer}"
     start = maps.context_starts[series_index] if maps.context_starts else ""
     if start is None:  # the padded context reaches before the range timestamps have
-        start = "before 1677-09-22"
+        start = "before 1677-09-21"
     fig.suptitle(
         f"series {sid}: attention, {layer_label}; context from {start}, "
         f"patch length {maps.patch_length}, stride {maps.patch_stride}"

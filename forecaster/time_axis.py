@@ -2,7 +2,7 @@
 calendar features and seasonal periods a frequency implies.
 
 Inside the package every timestamp is tz-naive ``datetime64[ns]`` within pandas' nanosecond
-range, 1677-09-22 .. 2262-04-11: a timestamp, or a forecast step, outside it is an
+range, 1677-09-21 .. 2262-04-11: a timestamp, or a forecast step, outside it is an
 ``InvalidTimestampsError`` naming it, never a silent wrap-around.
 
 Aware input (an aware column, Python datetimes, or ISO text whose UTC offset changes between
@@ -177,7 +177,7 @@ def read_timestamps(
         return parsed.astype("datetime64[ns]").to_numpy(), on_wall
     except (OverflowError, ValueError, pd.errors.OutOfBoundsDatetime) as exc:
         raise InvalidTimestampsError(
-            f"{TIME} holds timestamps outside 1677-09-22..2262-04-11: {exc}", field=TIME
+            f"{TIME} holds timestamps outside 1677-09-21..2262-04-11: {exc}", field=TIME
         ) from None
 
 

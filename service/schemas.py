@@ -123,7 +123,7 @@ class AttentionOut(BaseModel):
     """Attention weights for one series, rounded to 4 decimals; each list holds one array per
     layer, indexed [head][query token][key token]. Encoder token i covers context steps
     [i * patch_stride, i * patch_stride + patch_length) from `context_start`, which is null when
-    the padded context reaches before 1677-09-22, where timestamps end (yearly data)."""
+    the padded context reaches before 1677-09-21, where timestamps end (yearly data)."""
 
     context_start: str | None
     patch_length: int

@@ -48,9 +48,17 @@ SCRIPT = textwrap.dedent(
     if dist.get_rank() == 0:
         overlap = [len(np.intersect1d(shards[0][e], shards[1][e])) for e in range(3)]
         mean = model.predict(df)["mean"].tolist()
-        print(json.dumps({"overlap": overlap, "windows": len(epochs[0]), "mean": mean}))
+        result = {"overlap": overlap, "windows": len(epochs[0]), "mean": mean}
+        with open(sys.argv[2], "w") as out:
+            json.dump(result, out)
+    dist.barrier()
+    dist.destroy_process_group()
     """
 )
+# torch 2.13's gloo backend on CPU aborts a rank at interpreter exit about one run in ten,
+# after all its work, even in a script of a few lines without this library (a DDP Linear, a
+# gather, destroy_process_group): torchrun then reports the rank killed by SIGABRT.
+EXIT_ABORT = "terminate called without an active exception"
 
 
 def test_two_ranks_shard_every_epoch_and_one_save_serves_both(tmp_path):
@@ -60,15 +68,17 @@ def test_two_ranks_shard_every_epoch_and_one_save_serves_both(tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():
         pytest.skip("torchrun is not installed beside this Python")
+    result_file = tmp_path / "result.json"
     done = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc_per_node=2", str(script), str(tmp_path / "m")],
+        [str(torchrun), "--standalone", "--nproc_per_node=2", str(script), str(tmp_path / "m")]
+        + [str(result_file)],
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 0 or EXIT_ABORT in done.stderr, done.stderr[-3000:]
+    result = json.loads(result_file.read_text())  # written before any rank exits
     assert result["windows"] > 0 and result["overlap"] == [0, 0, 0]
 
     from forecaster import Forecaster

@@ -1,8 +1,10 @@
 """Forecast accuracy metrics (numpy) and `evaluate`, which computes all of them on a frame.
 
-Point metrics average over every element given. sMAPE is the M4 definition in percent
-(0..200). MASE divides by the in-sample MAE of the seasonal-naive forecast; a series whose
-in-sample data is constant has no scale, gets NaN and is left out of the average in `evaluate`.
+Point metrics average over every element given, a missing value (NaN, in the truth or the
+forecast) left out: NaN only when nothing is left. sMAPE is the M4 definition in percent
+(0..200). MASE divides by the in-sample MAE of the seasonal-naive forecast, over the
+differences both of whose points are observed; a series whose in-sample data is constant has
+no scale, gets NaN and is left out of the average in `evaluate`.
 """
 
 from __future__ import annotations
@@ -27,16 +29,22 @@ def _pair(y: np.ndarray, y_hat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return y, y_hat
 
 
+def _mean(values: np.ndarray) -> float:
+    """The mean of the non-NaN `values`; NaN when there is none (without numpy's warning)."""
+    values = values[~np.isnan(values)]
+    return float(values.mean()) if values.size else float("nan")
+
+
 def mae(y: np.ndarray, y_hat: np.ndarray) -> float:
     """Mean absolute error."""
     y, y_hat = _pair(y, y_hat)
-    return float(np.mean(np.abs(y - y_hat)))
+    return _mean(np.abs(y - y_hat))
 
 
 def mse(y: np.ndarray, y_hat: np.ndarray) -> float:
     """Mean squared error."""
     y, y_hat = _pair(y, y_hat)
-    return float(np.mean((y - y_hat) ** 2))
+    return _mean((y - y_hat) ** 2)
 
 
 def rmse(y: np.ndarray, y_hat: np.ndarray) -> float:
@@ -47,11 +55,16 @@ def rmse(y: np.ndarray, y_hat: np.ndarray) -> float:
 def smape(y: np.ndarray, y_hat: np.ndarray) -> float:
     """Symmetric MAPE in percent, 200 * mean(|y - y_hat| / (|y| + |y_hat|)); 0/0 counts as 0."""
     y, y_hat = _pair(y, y_hat)
+    return _mean(_smape_terms(y, y_hat))
+
+
+def _smape_terms(y: np.ndarray, y_hat: np.ndarray) -> np.ndarray:
+    """200 |y - y_hat| / (|y| + |y_hat|) per point: 0 for 0/0, NaN where either is missing."""
     denominator = np.abs(y) + np.abs(y_hat)
     ratio = np.divide(
         np.abs(y - y_hat), denominator, out=np.zeros_like(denominator), where=denominator > 0
     )
-    return float(200.0 * np.mean(ratio))
+    return np.where(np.isnan(denominator), np.nan, 200.0 * ratio)
 
 
 def mase_scale(y_insample: np.ndarray, season_length: int) -> float:
@@ -63,7 +76,7 @@ def mase_scale(y_insample: np.ndarray, season_length: int) -> float:
     m = season_length if y_insample.size > season_length else 1
     if y_insample.size <= m:
         return float("nan")
-    scale = float(np.mean(np.abs(y_insample[m:] - y_insample[:-m])))
+    scale = _mean(np.abs(y_insample[m:] - y_insample[:-m]))
     return scale if scale > 0 else float("nan")
 
 
@@ -93,14 +106,15 @@ def pinball_loss(y: np.ndarray, q_pred: np.ndarray, quantiles: Sequence[float]) 
             field="q_pred",
         )
     diff = y[..., None] - q_pred
-    return float(np.mean(np.maximum(levels * diff, (levels - 1.0) * diff)))
+    return _mean(np.maximum(levels * diff, (levels - 1.0) * diff))
 
 
 def coverage(y: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> float:
-    """Share of points inside [lower, upper]."""
+    """Share of observed points inside [lower, upper]."""
     y, lower = _pair(y, lower)
     _, upper = _pair(y, upper)
-    return float(np.mean((y >= lower) & (y <= upper)))
+    inside = ((y >= lower) & (y <= upper)).astype(np.float64)
+    return _mean(np.where(np.isnan(y), np.nan, inside))
 
 
 def coverage_by_history(
@@ -203,8 +217,15 @@ def mase_scales(forecasts: pd.DataFrame, history: pd.DataFrame, season_length: i
     cut = first_forecast.reindex(hist_ids).to_numpy()
     keep = history[TIME].to_numpy() < cut  # NaT (series never forecast) compares False
     hist = pd.DataFrame(
-        {ID: hist_ids[keep], TARGET: history[TARGET].to_numpy(np.float64)[keep]}
-    ).reset_index(drop=True)
+        {
+            ID: hist_ids[keep],
+            TIME: history[TIME].to_numpy()[keep],
+            TARGET: history[TARGET].to_numpy(np.float64)[keep],
+        }
+    )
+    # Lags are rows: each series in time order (a missing timestamp is a NaN row in
+    # validated frames, so a row is a step).
+    hist = hist.sort_values([ID, TIME], kind="stable").reset_index(drop=True)
     if not len(hist):
         return np.full(len(forecasts), np.nan)
     lengths = hist.groupby(ID, sort=False)[TARGET].transform("size").to_numpy()
@@ -238,10 +259,7 @@ def metric_by_group(
     elif metric in ("mse", "rmse"):
         values = error**2
     elif metric == "smape":
-        denominator = np.abs(y) + np.abs(forecasts["mean"].to_numpy(np.float64))
-        values = np.divide(
-            200.0 * np.abs(error), denominator, out=np.zeros_like(y), where=denominator > 0
-        )
+        values = _smape_terms(y, forecasts["mean"].to_numpy(np.float64))
     elif metric == "pinball":
         levels = quantiles_in(forecasts)
         if not levels:

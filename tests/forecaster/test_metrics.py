@@ -96,3 +96,38 @@ def test_coverage_by_history_groups_series_as_the_intervals_are_calibrated():
         "up_to_L/8": {"series": 1, "coverage": 1.0},
         "beyond_L/2": {"series": 2, "coverage": 1.0},
     }
+
+
+def test_a_missing_value_is_left_out_not_scored_as_perfect_or_as_a_miss():
+    """sMAPE once counted a missing truth as a perfect forecast and coverage as a miss, and
+    the other metrics turned NaN: every metric now equals its value on the observed points."""
+    y = np.array([1.0, np.nan, 3.0, 4.0, np.nan])
+    y_hat = np.array([2.0, 9.0, 5.0, 4.5, 1.0])
+    lower, upper = y_hat - 1.5, y_hat + 1.5
+    seen = ~np.isnan(y)
+    for metric in (mae, mse, rmse, smape):
+        assert metric(y, y_hat) == pytest.approx(metric(y[seen], y_hat[seen]))
+    assert coverage(y, lower, upper) == pytest.approx(coverage(y[seen], lower[seen], upper[seen]))
+    q = np.stack([lower, y_hat, upper], axis=-1)
+    assert pinball_loss(y, q, [0.1, 0.5, 0.9]) == pytest.approx(
+        pinball_loss(y[seen], q[seen], [0.1, 0.5, 0.9])
+    )
+    history = np.array([1.0, 3.0, np.nan, 4.0, 8.0, 9.0])  # lag-1 differences 2, 4, 1
+    assert mase(y, y_hat, history, 1) == pytest.approx(mae(y, y_hat) / (7 / 3))
+
+
+def test_the_mase_scale_of_a_frame_follows_time_not_row_order():
+    history = pd.DataFrame(
+        {
+            "unique_id": "a",
+            "ds": pd.date_range("2024-01-01", periods=6, freq="h"),
+            "y": [1.0, 3.0, 2.0, 6.0, 5.0, 9.0],
+        }
+    )
+    forecasts = pd.DataFrame(
+        {"unique_id": "a", "ds": [pd.Timestamp("2024-01-01 06:00")], "y": [10.0], "mean": [9.0]}
+    )
+    in_order = evaluate(forecasts, history, season_length=1)["mase"]
+    shuffled = evaluate(forecasts, history.sample(frac=1, random_state=0), season_length=1)
+    assert in_order == pytest.approx(1 / 2.4)  # |10 - 9| / mean(2, 1, 4, 1, 4)
+    assert shuffled["mase"] == pytest.approx(in_order)

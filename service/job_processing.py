@@ -80,7 +80,7 @@ class JobContext:
 
 def check_batchable(forecaster: Forecaster) -> None:
     """Refuse a model batch jobs cannot serve: one that needs known-future covariates."""
-    covariates = forecaster.model_config.covariates
+    covariates = forecaster.covariates
     if covariates:
         raise InvalidInputError(
             f"the model needs known-future covariates {list(covariates)}, which batch jobs "

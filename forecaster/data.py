@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from pandas._libs.parsers import STR_NA_VALUES  # read_csv's default missing-value tokens
 
 from forecaster.columns import ID, TARGET, TIME
 from forecaster.errors import (
@@ -183,9 +184,25 @@ def _read(path: Path) -> pd.DataFrame:
     return df
 
 
+# The text read as a missing value in a CSV's value columns (pandas' own list: "", NA, NaN,
+# null, N/A...). An id is text whatever it spells ("NA" is Namibia's code); only an empty
+# id is missing.
+MISSING_TOKENS = frozenset(STR_NA_VALUES)
+
+
+def csv_reading(columns: Sequence[object]) -> dict[str, object]:
+    """`pd.read_csv` options for a file with `columns`: ids as text ("007" stays "007", "NA"
+    stays "NA"), MISSING_TOKENS missing in every other column."""
+    tokens = sorted(MISSING_TOKENS)
+    return {
+        "dtype": {ID: "str"},
+        "keep_default_na": False,
+        "na_values": {c: [""] if c == ID else tokens for c in columns},
+    }
+
+
 def _read_csv(path: Path) -> pd.DataFrame:
-    # Series ids stay text: "007" must not become the integer 7.
-    return pd.read_csv(path, dtype={ID: "str"})
+    return pd.read_csv(path, **csv_reading(pd.read_csv(path, nrows=0).columns))
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from forecaster import Forecaster
-from forecaster.data import load_frame, reading
+from forecaster.data import csv_reading, load_frame, reading
 from forecaster.errors import EmptyDataError, ForecasterInputError, MissingColumnsError
 from forecaster.outputs import ForecastArrays
 from forecaster.time_axis import in_zone
@@ -121,7 +121,7 @@ def read_chunks(
 
         return _checked(path, parquet_chunks()), file.metadata.num_rows
     with reading(path, "input"):
-        reader = pd.read_csv(path, usecols=list(columns), dtype={ID: "str"}, chunksize=rows)
+        reader = pd.read_csv(path, usecols=list(columns), chunksize=rows, **csv_reading(columns))
     return _checked(path, iter(reader)), None
 
 

@@ -43,10 +43,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from pandas._libs.parsers import STR_NA_VALUES  # read_csv's default missing-value tokens
 
 import forecaster.errors as forecaster_errors
 from forecaster import Forecaster
+from forecaster.data import MISSING_TOKENS
 from forecaster.errors import EmptyDataError, ForecasterInputError, MissingColumnsError
 from forecaster.time_axis import in_zone, wall_clock_for
 from forecaster.validation import ID, TARGET, TIME, parse_timestamps
@@ -285,7 +285,7 @@ def _read_csv_missing(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     """Value columns read as text (a CSV) with pandas' missing-value tokens ("NaN", "NA", ...)
     as missing, as ``pd.read_csv`` reads them for the local path."""
     text = [c for c in columns if not pd.api.types.is_numeric_dtype(frame[c])]
-    return frame.assign(**{c: frame[c].mask(frame[c].isin(STR_NA_VALUES)) for c in text})
+    return frame.assign(**{c: frame[c].mask(frame[c].isin(MISSING_TOKENS)) for c in text})
 
 
 def _in_time_order(frame: pd.DataFrame) -> pd.DataFrame:

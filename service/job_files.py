@@ -13,9 +13,11 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from forecaster.data import MISSING_TOKENS
 from service.errors import InvalidInputError
 
 REQUIRED_COLUMNS = ("unique_id", "ds", "y")
@@ -138,11 +140,19 @@ def inspect_input(path: Path, fmt: str) -> list[str]:
     return columns
 
 
+_MISSING_TOKENS = pa.array(sorted(MISSING_TOKENS), pa.string())
+
+
 def _normalise(batch: pa.RecordBatch, numeric: list[str]) -> pa.RecordBatch:
-    """Ids as strings, numeric columns as float64 (text is left for the core to report)."""
+    """Ids as strings, numeric columns as float64 (text is left for the core to report);
+    in text columns but the ids, pandas' missing-value tokens (NA, NaN, null...) missing,
+    as `forecaster predict` reads a CSV (forecaster.data.csv_reading)."""
     arrays, names = [], []
     for name in batch.schema.names:
         col = batch.column(name)
+        if name != "unique_id" and pa.types.is_string(col.type):
+            missing = pc.is_in(col, value_set=_MISSING_TOKENS)
+            col = pc.if_else(missing, pa.scalar(None, pa.string()), col)
         if name == "unique_id" and not pa.types.is_string(col.type):
             col = col.cast(pa.string())
         elif name in numeric and (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
@@ -180,8 +190,13 @@ def iter_input(
             reader = pacsv.open_csv(
                 path,
                 read_options=pacsv.ReadOptions(block_size=8 << 20),
+                # Only an empty cell is null here: "NA" is an id, and a missing value
+                # elsewhere (see _normalise).
                 convert_options=pacsv.ConvertOptions(
-                    include_columns=columns, column_types=types, strings_can_be_null=True
+                    include_columns=columns,
+                    column_types=types,
+                    strings_can_be_null=True,
+                    null_values=[""],
                 ),
             )
             for batch in reader:

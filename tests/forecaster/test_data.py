@@ -201,3 +201,18 @@ def test_synthetic_data_is_valid_seeded_and_promo_lifts_y():
     assert np.all(lift[df["promo"] == 0] == 0) and np.all(lift[df["promo"] == 1] > 0)
     daily = generate_synthetic(n_series=2, n_steps=60, freq="D")
     assert validate_long_frame(daily).freq == "D"
+
+
+def test_an_id_that_spells_a_missing_value_is_a_series_in_a_csv(tmp_path):
+    """ "NA" (Namibia) and "NaN" are ids; as values they are missing; an empty id is missing."""
+    path = tmp_path / "long.csv"
+    path.write_text(
+        "unique_id,ds,y\n"
+        "NA,2024-01-01,1\nNA,2024-01-02,NA\nNA,2024-01-03,3\n"
+        "NaN,2024-01-01,4\nNaN,2024-01-02,\nNaN,2024-01-03,n/a\n"
+    )
+    frame = load_frame(path)
+    assert frame["unique_id"].tolist() == ["NA"] * 3 + ["NaN"] * 3
+    assert frame["y"].isna().tolist() == [False, True, False, False, True, True]
+    path.write_text("unique_id,ds,y\nNA,2024-01-01,1\n,2024-01-02,2\n")
+    assert load_frame(path)["unique_id"].isna().tolist() == [False, True]

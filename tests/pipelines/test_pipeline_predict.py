@@ -276,3 +276,12 @@ def test_an_aware_history_is_forecast_in_its_time_zone(model_dir, history, tmp_p
     last = aware.groupby("unique_id")["ds"].max()
     first = got.groupby("unique_id")["ds"].min()
     assert (first - last.loc[first.index] == pd.Timedelta(hours=1)).all()
+
+
+def test_an_id_that_spells_a_missing_value_is_forecast(model_dir, history, tmp_path):
+    """A CSV's "NA" id (Namibia, say) is a series, as the Spark engine reads it too."""
+    named = history.assign(unique_id=history["unique_id"].replace({"series_000": "NA"}))
+    named.to_csv(tmp_path / "in.csv", index=False)
+    predict_file(str(model_dir), tmp_path / "in.csv", tmp_path / "out.csv", progress=False)
+    out = pd.read_csv(tmp_path / "out.csv", keep_default_na=False)
+    assert set(out["unique_id"]) == set(named["unique_id"])

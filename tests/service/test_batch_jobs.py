@@ -484,3 +484,17 @@ def test_a_job_store_from_before_the_counts_existed_gains_them(tmp_path):
         )
     job = JobStore(path).get("old")
     assert (job.series_failed, job.glitches) == (0, 0)
+
+
+def test_an_id_that_spells_a_missing_value_is_a_series_and_na_values_are_missing(
+    client, history, fitted
+):
+    """ "NA" as an id is forecast like any other; "NA" as a value is a missing reading."""
+    named = history.assign(unique_id=history["unique_id"].replace({"series_000": "NA"}))
+    text = named.assign(y=named["y"].astype(object)).copy()
+    text.loc[text.index[5], "y"] = "NA"
+    files = {"file": ("h.csv", text.to_csv(index=False).encode(), "text/csv")}
+    done = wait_for_job(client, client.post("/v1/batch-jobs", files=files).json()["id"])
+    assert done["status"] == "succeeded" and done["series_failed"] == 0, done
+    got = pd.read_csv(io.BytesIO(client.get(done["result_url"]).content), keep_default_na=False)
+    assert set(got["unique_id"]) == set(named["unique_id"])

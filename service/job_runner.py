@@ -144,9 +144,9 @@ class JobRunner:
     async def _run(self, job: Job) -> None:
         served = self.manager.current
         assert served is not None
-        if job.attempts > 1:
+        if job.resumed:
             self.metrics.jobs.labels("resumed").inc()
-            logger.info("resuming batch job %s (attempt %d)", job.id, job.attempts)
+            logger.info("resuming batch job %s", job.id)
         else:
             logger.info("starting batch job %s", job.id)
 

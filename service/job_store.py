@@ -17,7 +17,7 @@ import socket
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +94,9 @@ class Job:
     heartbeat_at: float | None
     attempts: int
     error: dict[str, Any] | None
+    # Not a column: set by `claim` when the job had started before, on a worker that died or
+    # handed it back at a graceful stop, so this claim resumes it.
+    resumed: bool = False
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:
@@ -276,7 +279,10 @@ class JobStore:
                 owner=owner,
                 now=now,
             ):
-                return self.get(seen["id"])
+                job = self.get(seen["id"])
+                if job is None:  # deleted meanwhile
+                    continue
+                return replace(job, resumed=seen["started_at"] is not None)
 
     def _takeable(self, owner: str, lease_s: float, now: float) -> dict[str, Any] | None:
         queued = self._query(

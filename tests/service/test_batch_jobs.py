@@ -338,6 +338,43 @@ def test_list_and_delete(client, history):
     assert client.get(f"/v1/batch-jobs/{job_id}").status_code == 404
 
 
+def test_job_handed_back_at_a_graceful_stop_is_resumed(make_client, tmp_path, history, fitted):
+    """A graceful stop hands a running job back without counting it as a lost worker; the next
+    start counts it as resumed and finishes it, every series once."""
+    copies = []
+    for k in range(300):
+        part = history.copy()
+        part["unique_id"] = part["unique_id"] + f"-{k}"
+        copies.append(part)
+    many = pd.concat(copies, ignore_index=True)
+    client = make_client(batch_chunk_series=1)
+    response = client.post(
+        "/v1/batch-jobs",
+        content=many.to_csv(index=False).encode(),
+        headers={"content-type": "text/csv"},
+    )
+    job_id = response.json()["id"]
+    deadline = time.monotonic() + 60
+    while (job := client.get(f"/v1/batch-jobs/{job_id}").json())["series_done"] == 0:
+        assert job["status"] in ("queued", "running"), job
+        assert time.monotonic() < deadline, job
+        time.sleep(0.02)
+    client.__exit__(None, None, None)  # the lifespan's exit: a graceful stop
+    stopped = JobStore(tmp_path / "data" / "jobs.db").get(job_id)
+    assert stopped is not None
+    assert (stopped.status, stopped.attempts) == ("queued", 0)
+
+    restarted = make_client(batch_chunk_series=1)
+    done = wait_for_job(restarted, job_id, timeout=120)
+    assert done["status"] == "succeeded", done
+    assert done["attempts"] == 1
+    metrics = restarted.get("/metrics").text
+    assert 'forecaster_batch_jobs_total{event="resumed"} 1.0' in metrics
+    got = read_result(restarted.get(f"/v1/batch-jobs/{job_id}/result"))
+    assert len(got) == many["unique_id"].nunique() * fitted.max_horizon
+    assert not got.duplicated(["unique_id", "ds"]).any()
+
+
 def test_job_of_a_dead_worker_is_resumed_on_start(make_client, tmp_path, history, fitted):
     """A job left 'running' by a process that died is picked up by the next start, keeping
     the partitions it had finished."""

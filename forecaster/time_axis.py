@@ -7,8 +7,8 @@ range, 1677-09-21 .. 2262-04-11: a timestamp, or a forecast step, outside it is 
 
 Aware input (an aware column, Python datetimes, or ISO text whose UTC offset changes between
 values) is read one of two ways, by the rule of `on_wall_clock`. Daily or coarser data
-(at least two distinct timestamps, all at one local time of day) is read on its zone's wall
-clock, dropping the zone: its points are local dates, while in UTC a local midnight moves by an
+(at least two distinct timestamps, all at one local time of day) and business hours are read on
+their zone's wall clock, dropping the zone: its points are local dates, while in UTC a local midnight moves by an
 hour at each daylight-saving change (off the daily grid) and lands on the previous day in zones
 east of UTC (calendar features a day off). Anything else is converted to UTC, where an hourly
 clock never skips or repeats an hour. A forecast goes back to an aware column's zone the same
@@ -21,7 +21,7 @@ import functools
 import re
 import warnings
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, time
 from typing import Any, Literal
 
 import numpy as np
@@ -68,6 +68,12 @@ _MONTHS = ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT",
 # Aliases pandas 3 no longer accepts, mapped to their current spelling.
 _LEGACY = {"M": "ME", "Q": "QE", "Y": "YE", "A": "YE", "H": "h", "T": "min", "S": "s"}
 _LEGACY_RE = re.compile(r"^(\d*)(M|Q|Y|A|H|T|S)(-[A-Za-z]+)?$")
+# Business hours other than pandas' 09:00-17:00, which its alias "bh" cannot spell; written the
+# way pandas prints such an offset (see `freq_alias`).
+_BUSINESS_HOURS_RE = re.compile(r"^(\d*)bh=(\d\d):00-(\d\d):00$")
+_HOUR_NS = 3600 * 10**9
+# Longest opening a day that still reads as business hours rather than hourly data with gaps.
+_MAX_BUSINESS_HOURS = 16
 
 
 # -- timestamps ---------------------------------------------------------------------------------
@@ -84,7 +90,7 @@ def wall_clock_for(freq: str | None) -> bool | None:
         return None
     offset = parse_freq(freq)
     if isinstance(offset, BusinessHour | CustomBusinessHour):
-        return False
+        return True  # opening hours are local ones
     nanos = fixed_nanos(offset)
     return nanos is None or nanos % _DAY_NS == 0
 
@@ -105,13 +111,36 @@ def in_zone(ds: pd.Series, zone: Any, freq: str) -> pd.Series:
 def on_wall_clock(wall: np.ndarray) -> bool:
     """Whether aware timestamps are read on their zone's wall clock rather than in UTC, given
     their wall-clock values (naive datetime64): when at least two differ and all fall at one
-    time of day (daily, weekly, monthly data). Identical values say nothing about the spacing.
+    time of day (daily, weekly, monthly data), or they are business hours (`business_hours`).
+    Identical values say nothing about the spacing.
     """
     wall = np.asarray(wall).reshape(-1)
     if wall.size < 2 or (wall == wall[0]).all():
         return False
     time_of_day = wall - wall.astype("datetime64[D]")
-    return bool((time_of_day == time_of_day[0]).all())
+    return bool((time_of_day == time_of_day[0]).all()) or business_hours(wall) is not None
+
+
+def business_hours(wall: np.ndarray) -> tuple[int, int] | None:
+    """(opening, closing) hour when timestamps look like hourly business hours: whole hours,
+    mostly an hour apart, on weekdays only, on at least two days, every one within an opening
+    of at most 16 hours (09:00-16:00 readings open at 9 and close at 17). None otherwise.
+
+    Such data read as hourly would be two-thirds gaps and be forecast through the night."""
+    ns = np.unique(np.asarray(wall, dtype="datetime64[ns]").reshape(-1).astype(np.int64))
+    if ns.size < 2 or (ns % _HOUR_NS).any():
+        return None
+    steps, counts = np.unique(np.diff(ns), return_counts=True)
+    if steps[np.argmax(counts)] != _HOUR_NS:  # mostly an hour apart, as business hours are
+        return None
+    days = ns // _DAY_NS
+    if ((days + 3) % 7 >= 5).any() or (days == days[0]).all():  # day 0 was a Thursday
+        return None
+    hours = (ns % _DAY_NS) // _HOUR_NS
+    opening, closing = int(hours.min()), int(hours.max()) + 1
+    if closing - opening > _MAX_BUSINESS_HOURS or closing - opening < 2:
+        return None
+    return opening, closing
 
 
 def parse_timestamps(
@@ -409,6 +438,14 @@ def parse_freq(freq: str) -> BaseOffset:
     if match is not None:
         n, alias, anchor = match.groups()
         freq = f"{n}{_LEGACY[alias]}{anchor or ''}"
+    if (match := _BUSINESS_HOURS_RE.match(str(freq))) is not None:
+        n, opening, closing = match.groups()
+        if not 0 <= int(opening) < int(closing) <= 24:
+            raise FrequencyInferenceError(
+                f"freq: {freq!r} opens at or after it closes; expected e.g. 'bh=08:00-18:00'",
+                field="freq",
+            )
+        return BusinessHour(int(n or 1), start=time(int(opening)), end=time(int(closing) % 24))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -425,6 +462,18 @@ def parse_freq(freq: str) -> BaseOffset:
             field="freq",
         )
     return offset
+
+
+def freq_alias(offset: BaseOffset) -> str:
+    """The alias `parse_freq` reads back as `offset`: its `freqstr`, except for business hours
+    other than 09:00-17:00, which pandas spells "bh" too ("bh=08:00-18:00" here)."""
+    if isinstance(offset, BusinessHour) and (offset.start, offset.end) != (
+        (time(9),),
+        (time(17),),
+    ):
+        n = "" if offset.n == 1 else str(offset.n)
+        return f"{n}bh={offset.start[0]:%H:%M}-{offset.end[0]:%H:%M}"
+    return offset.freqstr
 
 
 def fixed_nanos(offset: BaseOffset) -> int | None:
@@ -459,6 +508,8 @@ def infer_offset(
         )
     steps, counts = np.unique(diffs, return_counts=True)
     step = int(steps[np.argmax(counts)])
+    if step == _HOUR_NS and (hours := business_hours(ds_i8)) is not None:
+        return BusinessHour(start=time(hours[0]), end=time(hours[1] % 24))
     if step % _DAY_NS:
         return to_offset(pd.Timedelta(step, unit="ns"))
     days = step // _DAY_NS
@@ -521,7 +572,8 @@ def season_length(freq: str) -> int:
 
     Sub-daily frequencies get the daily cycle (h -> 24, 30min -> 48, 15min -> 96), or where
     that exceeds 1440 steps the minute's or the second's (30s -> 2, 1ms -> 1000), else 1;
-    daily -> 7 (weekly cycle), business daily -> 5, weekly -> 52,
+    daily -> 7 (weekly cycle), business daily -> 5, business hours -> the hours of a business
+    day (8 for 09:00-17:00), weekly -> 52,
     monthly -> 12, quarterly -> 4, yearly -> 1.
     """
     try:
@@ -542,6 +594,10 @@ def season_length(freq: str) -> int:
             return steps // n if steps % n == 0 else 1
     if isinstance(offset, BusinessDay):
         return 5 if n == 1 else 1
+    if isinstance(offset, BusinessHour) and n == 1:
+        # The business day: its opening hours (a single opening, as `business_hours` infers).
+        opening, closing = offset.start[0].hour, offset.end[0].hour or 24
+        return closing - opening if len(offset.start) == 1 and closing > opening else 1
     if isinstance(offset, Week):
         return 52 if n == 1 else 1
     try:

@@ -41,6 +41,7 @@ from forecaster.errors import (
 from forecaster.time_axis import (
     add_offset,
     fixed_nanos,
+    freq_alias,
     infer_offset,
     parse_freq,
     parse_timestamps,
@@ -150,7 +151,7 @@ def validate_long_frame(
     }
     return ValidatedFrame(
         columns=validated,
-        freq=offset.freqstr,
+        freq=freq_alias(offset),
         series_ids=[str(u) for u in uniques],
         offsets=np.r_[0, np.cumsum(lengths)].astype(np.int64),
         wall_clock=wall_clock,
@@ -183,7 +184,7 @@ def infer_frequency(df: pd.DataFrame | pd.Series | pd.DatetimeIndex) -> str:
     ds_i8 = ds.view(np.int64)
     same = codes[1:] == codes[:-1]
     _check_order(codes, ds_i8, same, uniques)
-    return _check_frequency(codes, ds_i8, same, uniques, None).freqstr
+    return freq_alias(_check_frequency(codes, ds_i8, same, uniques, None))
 
 
 def validate_future_frame(
@@ -543,7 +544,7 @@ def _check_frequency(
     rows = codes == k
     own = _series_offset(ds_i8[rows]) if not allow_gaps else None
     source = f"the given freq {freq!r}" if freq is not None else f"the inferred {offset.freqstr!r}"
-    if own is not None and own.freqstr != offset.freqstr:
+    if own is not None and freq_alias(own) != freq_alias(offset):
         raise FrequencyInferenceError(
             f"series {sid!r} has frequency {own.freqstr!r}, expected {source}"
             + ("" if freq is not None else " that the other series follow (mixed frequencies)"),

@@ -48,7 +48,7 @@ import forecaster.errors as forecaster_errors
 from forecaster import Forecaster
 from forecaster.data import MISSING_TOKENS
 from forecaster.errors import EmptyDataError, ForecasterInputError, MissingColumnsError
-from forecaster.time_axis import in_zone, wall_clock_for
+from forecaster.time_axis import in_zone, regular_range, wall_clock_for
 from forecaster.validation import ID, TARGET, TIME, parse_timestamps
 from pipelines.predict import (
     _CSV,
@@ -232,7 +232,7 @@ def output_schema(
     probe = pd.DataFrame(
         {
             ID: "probe",
-            TIME: pd.date_range("2000-01-03", periods=steps, freq=forecaster.freq),
+            TIME: regular_range("2000-01-03", steps, forecaster.freq),
             TARGET: [0.0] + [np.nan] * (steps - 1),
             **{name: 0.0 for name in covariates},
         }

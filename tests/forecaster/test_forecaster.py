@@ -408,6 +408,37 @@ def test_daily_aware_history_is_read_as_its_local_dates(zone):
     torch.testing.assert_close(inputs.future_covariates, local.future_covariates)
 
 
+def test_business_hours_are_forecast_on_business_hours(tmp_path):
+    """Readings 08:00-17:00 on weekdays, in Berlin across the March change: the model reads
+    them as business hours (a day is 10 steps), not as hourly data two-thirds missing, and
+    forecasts the next opening hours, in the history's zone, after save -> load too."""
+    from forecaster.time_axis import parse_freq
+
+    ds = pd.date_range("2024-02-01 08:00", periods=600, freq=parse_freq("bh=08:00-18:00"))
+    naive = pd.concat(
+        [
+            pd.DataFrame({"unique_id": sid, "ds": ds, "y": np.sin(np.arange(600) / 10 * 6.3) * k})
+            for k, sid in ((1.0, "a"), (2.0, "b"))
+        ],
+        ignore_index=True,
+    )
+    given = naive.assign(ds=naive["ds"].dt.tz_localize("Europe/Berlin"))
+    model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**{**TINY_TRAIN, "max_epochs": 1}))
+    model.fit(given)
+    assert model.freq == "bh=08:00-18:00"
+    assert model.model_config.season_length == 10
+    forecast = model.predict(given)
+    local = forecast["ds"].dt.tz_localize(None)
+    assert local.iloc[:3].tolist() == list(pd.date_range("2024-04-25 08:00", periods=3, freq="h"))
+    assert local.dt.hour.between(8, 17).all() and (local.dt.dayofweek < 5).all()
+    model.save(tmp_path / "model")
+    again = Forecaster.load(tmp_path / "model")
+    pd.testing.assert_frame_equal(again.predict(given), forecast)
+    pd.testing.assert_frame_equal(
+        again.predict(naive), forecast.assign(ds=local), check_dtype=False
+    )
+
+
 def test_an_aware_daily_frame_round_trips_through_csv(tmp_path):
     """pandas writes Berlin midnights as text with +01:00, then +02:00: the file reads back as
     the local dates it holds."""

@@ -11,7 +11,9 @@ import pytest
 from forecaster.errors import FrequencyInferenceError, InvalidConfigError, InvalidTimestampsError
 from forecaster.time_axis import (
     CALENDAR_FEATURES,
+    business_hours,
     calendar_features,
+    freq_alias,
     on_wall_clock,
     parse_freq,
     parse_timestamps,
@@ -62,6 +64,8 @@ def test_calendar_features_accept_series_and_arrays():
         ("MS", 12),
         ("ME", 12),
         ("M", 12),
+        ("bh", 8),  # a business day
+        ("bh=07:00-19:00", 12),
         ("QS", 4),
         ("Q", 4),
         ("YS", 1),
@@ -88,6 +92,7 @@ def test_season_length(freq, expected):
         ("QS", 8),  # two years: tokens of one quarter cost twice as much
         ("D", 14),  # two weeks
         ("B", 10),
+        ("bh", 8),
         ("4h", 12),  # a daily cycle of 6 steps, twice
         ("15min", 48),  # half a day: the largest divisor of 96 up to 48
         ("W", 26),  # half a year of 52 weeks
@@ -179,6 +184,7 @@ def test_regular_range_and_parse_timestamps_check_the_range():
         (pd.date_range("2024-01-31", periods=6, freq="ME"), True),
         (pd.date_range("2024-03-30", periods=48, freq="h"), False),
         (pd.DatetimeIndex(["2024-01-01", "2024-01-02 01:00"]), False),
+        (pd.date_range("2024-03-28 09:00", periods=40, freq="bh"), True),  # business hours
         (pd.DatetimeIndex(["2024-01-01"]), False),  # one timestamp says nothing of the spacing
         (pd.DatetimeIndex(["2024-01-01"] * 3), False),
     ],
@@ -190,7 +196,8 @@ def test_on_wall_clock_for_one_local_time_of_day(wall, expected):
 @pytest.mark.parametrize(
     ("freq", "expected"),
     [(None, None), ("D", True), ("7D", True), ("W-SUN", True), ("MS", True), ("B", True)]
-    + [("h", False), ("12h", False), ("bh", False), ("15min", False)],
+    + [("bh", True), ("bh=08:00-18:00", True)]  # opening hours are local
+    + [("h", False), ("12h", False), ("15min", False)],
 )
 def test_wall_clock_for_a_known_frequency(freq, expected):
     assert wall_clock_for(freq) is expected
@@ -281,3 +288,38 @@ def test_regular_range_reads_an_aware_start_on_the_wall_clock_for_whole_days(fre
 def test_a_step_that_is_not_positive_is_a_frequency_error(freq):
     with pytest.raises(FrequencyInferenceError, match="expected a positive step"):
         parse_freq(freq)
+
+
+def test_business_hours_other_than_pandas_default_keep_their_hours():
+    """pandas spells every BusinessHour "bh"; the alias keeps the opening hours, so a model
+    saved with it forecasts on the same hours."""
+    offset = parse_freq("bh=08:00-18:00")
+    assert freq_alias(offset) == "bh=08:00-18:00"
+    assert freq_alias(parse_freq("bh")) == "bh"
+    friday = np.array(["2024-01-05T17:00"], dtype="datetime64[ns]")
+    np.testing.assert_array_equal(
+        steps_after(friday, "bh=08:00-18:00", 3)[0],
+        np.array(["2024-01-08T08:00", "2024-01-08T09:00", "2024-01-08T10:00"], "datetime64[ns]"),
+    )
+    with pytest.raises(FrequencyInferenceError, match="opens at or after it closes"):
+        parse_freq("bh=18:00-08:00")
+
+
+@pytest.mark.parametrize(
+    ("wall", "expected"),
+    [
+        (pd.date_range("2024-01-01 09:00", periods=40, freq="bh"), (9, 17)),
+        (pd.date_range("2024-01-01 07:00", periods=40, freq="h"), None),  # every hour of the day
+        # a weekend reading: not business hours
+        (
+            pd.date_range("2024-01-04 09:00", periods=40, freq="bh").append(
+                pd.DatetimeIndex(["2024-01-06 10:00"])
+            ),
+            None,
+        ),
+        (pd.date_range("2024-01-01 09:00", periods=8, freq="h"), None),  # one day only
+        (pd.date_range("2024-01-01 09:00", periods=10, freq="D"), None),  # a day apart
+    ],
+)
+def test_business_hours_are_recognised_only_as_such(wall, expected):
+    assert business_hours(wall.to_numpy()) == expected

@@ -20,6 +20,7 @@ from forecaster.errors import (
     SeriesTooShortError,
     UnsortedTimestampsError,
 )
+from forecaster.time_axis import parse_freq
 from forecaster.validation import (
     infer_frequency,
     validate_future_frame,
@@ -33,7 +34,7 @@ def frame(freq: str = "h", n: int = 10, ids=("a", "b"), start: str = "2024-01-01
         part = pd.DataFrame(
             {
                 "unique_id": sid,
-                "ds": pd.date_range(start, periods=n, freq=freq),
+                "ds": pd.date_range(start, periods=n, freq=parse_freq(freq)),
                 "y": np.arange(n, dtype=float) + 100 * k,
             }
         )
@@ -60,6 +61,8 @@ def set_cell(df: pd.DataFrame, row: int, column: str, value) -> pd.DataFrame:
         ("ME", "2024-01-31", "ME"),
         ("W-MON", "2024-01-01", "W-MON"),
         ("B", "2024-01-05", "B"),
+        ("bh", "2024-01-05 15:00", "bh"),  # over a weekend
+        ("bh=08:00-18:00", "2024-01-01 08:00", "bh=08:00-18:00"),
         ("QS", "2024-01-01", "QS-JAN"),
         ("2MS", "2024-01-01", "2MS"),
         ("4ME", "2024-01-31", "4ME"),

@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 from safetensors.torch import load_file, save_file
 
-from forecaster.columns import ID, TIME
+from forecaster.columns import ID, TARGET, TIME
 from forecaster.config import (
     N_HISTORY_BANDS,
     ModelConfig,
@@ -38,6 +38,7 @@ from forecaster.errors import (
     ForecasterInputError,
     HorizonTooLongError,
     InvalidTimestampsError,
+    MissingValuesError,
     ModelCodeMismatchError,
     SeriesTooShortError,
     UnknownQuantileError,
@@ -347,6 +348,10 @@ class Forecaster:
         timestamps = validated.columns["ds"]
         last_timestamps = timestamps[panel.offsets[1:] - 1]
         glitches = gathered.past_observed_mask & ~batch.past_observed_mask  # (S, L)
+        blind = ~batch.past_observed_mask.any(dim=1)  # (S,)
+        if blind.any():
+            k = int(torch.argmax(blind.to(torch.int8)))
+            raise _blind_context_error(validated, k, bool(glitches[k].any()), mc.context_length)
         future_ds = steps_after(  # (S, H)
             last_timestamps, self.freq, mc.prediction_length, panel.series_ids
         )
@@ -848,6 +853,30 @@ def _interrupts_deferred() -> Iterator[None]:
 
 def _frame(data: pd.DataFrame | Mapping[str, np.ndarray]) -> pd.DataFrame:
     return data if isinstance(data, pd.DataFrame) else pd.DataFrame(dict(data))
+
+
+def _blind_context_error(
+    validated: ValidatedFrame, k: int, glitches: bool, context_length: int
+) -> MissingValuesError:
+    """The error for series `k`, whose context holds no observed value: forecast, it would be
+    the scaler's default of 0 whatever the series' level."""
+    start, end = validated.offsets[k], validated.offsets[k + 1]
+    sid = str(validated.series_ids[k])
+    seen = np.flatnonzero(~np.isnan(validated.columns[TARGET][start:end]))
+    if glitches:
+        why = "every observed value in it was read as a glitch"
+    else:
+        last = pd.Timestamp(validated.columns[TIME][start + seen[-1]])
+        why = (
+            f"its last observation is at {last}, {end - start - 1 - seen[-1]} steps before its end"
+        )
+    return MissingValuesError(
+        f"series {sid!r} has no observed value in its last {context_length} steps, the context "
+        f"the model reads ({why}); send its recent values, or drop its trailing missing rows to "
+        "forecast on from its last observation",
+        series_id=sid,
+        field=TARGET,
+    )
 
 
 def _context_timestamps(steps: np.ndarray, last_timestamps: np.ndarray, freq: str) -> np.ndarray:

@@ -408,6 +408,24 @@ def test_daily_aware_history_is_read_as_its_local_dates(zone):
     torch.testing.assert_close(inputs.future_covariates, local.future_covariates)
 
 
+def test_a_context_without_an_observed_value_is_refused_naming_the_series(fitted, series):
+    """An outage longer than the context left the model nothing to read: it forecast 0 (the
+    scaler's default) for a series at 1,000. It is refused, naming the series and its last
+    observation; once its trailing gap is dropped it forecasts on from there."""
+    L = fitted.model_config.context_length
+    sid = "series_001"
+    out = series.copy()
+    out.loc[out[out["unique_id"] == sid].tail(L + 5).index, "y"] = np.nan
+    observed_end = out.loc[out["unique_id"] == sid].dropna()["ds"].max()
+    with pytest.raises(MissingValuesError, match=f"'{sid}' has no observed value") as error:
+        fitted.predict(out)
+    assert error.value.series_id == sid and error.value.field == "y"
+    assert f"{observed_end}, {L + 5} steps before its end" in str(error.value)
+    dropped = out[(out["unique_id"] != sid) | (out["ds"] <= observed_end)]
+    forecast = fitted.predict(dropped)
+    assert forecast["mean"].notna().all()
+
+
 def test_business_hours_are_forecast_on_business_hours(tmp_path):
     """Readings 08:00-17:00 on weekdays, in Berlin across the March change: the model reads
     them as business hours (a day is 10 steps), not as hourly data two-thirds missing, and

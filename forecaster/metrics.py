@@ -70,14 +70,25 @@ def _smape_terms(y: np.ndarray, y_hat: np.ndarray) -> np.ndarray:
 def mase_scale(y_insample: np.ndarray, season_length: int) -> float:
     """In-sample MAE of the seasonal-naive forecast (lag 1 when the history is too short).
 
-    NaN when there is no scale: fewer than two points, or a constant history.
+    NaN when there is no scale: fewer than two points, or a history that repeats itself
+    (`_with_scale`).
     """
     y_insample = np.asarray(y_insample, dtype=np.float64).reshape(-1)
     m = season_length if y_insample.size > season_length else 1
     if y_insample.size <= m:
         return float("nan")
     scale = _mean(np.abs(y_insample[m:] - y_insample[:-m]))
-    return scale if scale > 0 else float("nan")
+    return float(_with_scale(np.array([scale]), np.array([_mean(np.abs(y_insample))]))[0])
+
+
+# A seasonal-naive error below this share of the level is float rounding of a history that
+# repeats itself exactly (4.7e-10 on a level of 1e6), not a scale: dividing by it gave MASE 2e9.
+_ROUNDING = 1e-12
+
+
+def _with_scale(scale: np.ndarray, level: np.ndarray) -> np.ndarray:
+    """`scale` where it is one, NaN where it is 0, NaN or rounding of `level`."""
+    return np.where(scale > _ROUNDING * level, scale, np.nan)
 
 
 def mase(y: np.ndarray, y_hat: np.ndarray, y_insample: np.ndarray, season_length: int) -> float:
@@ -234,8 +245,10 @@ def mase_scales(forecasts: pd.DataFrame, history: pd.DataFrame, season_length: i
     diff_1 = (hist[TARGET] - grouped.shift(1)).abs().to_numpy()
     # Lag 1 for series too short for a seasonal difference, as in `mase_scale`.
     diffs = pd.Series(np.where(lengths > season_length, diff_m, diff_1))
-    scale = diffs.groupby(hist[ID].to_numpy(), sort=False).mean().reindex(ids).to_numpy()
-    return np.where(scale > 0, scale, np.nan)
+    by_series = hist[ID].to_numpy()
+    scale = diffs.groupby(by_series, sort=False).mean().reindex(ids).to_numpy()
+    level = hist[TARGET].abs().groupby(by_series, sort=False).mean().reindex(ids).to_numpy()
+    return _with_scale(scale, level)
 
 
 def metric_by_group(

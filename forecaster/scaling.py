@@ -18,8 +18,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-# Below this standard deviation (relative to the level) a context counts as constant.
-_RELATIVE_TOLERANCE = 1e-10
+
+def constant_tolerance(dtype: torch.dtype) -> float:
+    """Below this standard deviation relative to the level, values count as constant: torch
+    sums pairwise, so the mean of n equal values is off by a few eps of the level (below 1e-15
+    for float64 contexts of 336 to 10,000 steps), which leaves a std of that order; the bound
+    is 100 eps (2.2e-14 in float64). Relative, not absolute: a series in units of 1e-12 that
+    moves is not constant, and neither is a reading at 1e12 that moves by 1."""
+    return 100 * torch.finfo(dtype).eps
 
 
 @dataclass(frozen=True)
@@ -65,7 +71,7 @@ class InstanceScaler(nn.Module):
         stood_still = 2 * count >= values.shape[1]
         fallback = torch.where(stood_still, level / count, level)
         fallback = torch.where(level > 0, fallback, torch.ones_like(level))
-        degenerate = std <= _RELATIVE_TOLERANCE * (1.0 + level)
+        degenerate = std <= constant_tolerance(values.dtype) * level
         return InstanceStats(loc=loc, scale=torch.where(degenerate, fallback, std))
 
     @staticmethod

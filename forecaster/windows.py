@@ -102,7 +102,9 @@ def series_scales(values: np.ndarray, offsets: np.ndarray, unit: LossUnit) -> np
         scale = np.sqrt(std**2 + level**2)
         return np.where(scale > 0, scale, 1.0)
     fallback = np.where(level > 0, level, 1.0)
-    return np.where(std > 1e-10 * (1.0 + level), std, fallback)
+    # Relative, so that a series in small units that moves keeps its std; looser than the
+    # scaler's bound (`constant_tolerance`) because numpy sums a whole series sequentially.
+    return np.where(std > 1e-10 * level, std, fallback)
 
 
 def covariate_matrix(frame: LongColumns, config: ModelConfig) -> np.ndarray:

@@ -131,3 +131,27 @@ def test_the_mase_scale_of_a_frame_follows_time_not_row_order():
     shuffled = evaluate(forecasts, history.sample(frac=1, random_state=0), season_length=1)
     assert in_order == pytest.approx(1 / 2.4)  # |10 - 9| / mean(2, 1, 4, 1, 4)
     assert shuffled["mase"] == pytest.approx(in_order)
+
+
+def test_a_history_that_repeats_itself_to_rounding_has_no_mase_scale():
+    """An exactly periodic series computed in floats differs from its season by rounding
+    (about 1e-10 at a level of 1e6): that is no scale, and dividing by it scored a forecast one
+    unit off MASE 2e9. Both the array and the frame paths leave such a series out (NaN)."""
+    t = np.arange(24 * 20)
+    periodic = 1e6 * (1 + 0.1 * np.sin(2 * np.pi * t / 24))
+    assert 0 < np.abs(periodic[24:] - periodic[:-24]).mean() < 1e-9
+    assert np.isnan(mase(periodic[:24] + 1, periodic[:24], periodic, season_length=24))
+    history = pd.DataFrame(
+        {
+            "unique_id": "a",
+            "ds": pd.date_range("2024-01-01", periods=t.size, freq="h"),
+            "y": periodic,
+        }
+    )
+    forecasts = pd.DataFrame(
+        {"unique_id": "a", "ds": [pd.Timestamp("2024-01-21")], "y": [1e6 + 1], "mean": [1e6]}
+    )
+    assert np.isnan(evaluate(forecasts, history, season_length=24)["mase"])
+    # A series in small units that moves keeps its scale.
+    small = periodic * 1e-12 + 1e-13 * np.random.default_rng(0).normal(size=t.size)
+    assert mase(small[:24], small[:24] + 1e-13, small, season_length=24) > 0

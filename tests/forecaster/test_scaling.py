@@ -28,6 +28,22 @@ def test_a_series_far_from_zero_keeps_the_precision_of_its_moves():
 
 
 @pytest.mark.parametrize(
+    ("values", "moves"),
+    [
+        ([1e12 + t for t in range(336)], 96.99),  # a counter at 1e12 that rises by 1
+        ([1e12 + 3.0 * (-1) ** t for t in range(336)], 3.0),  # a reading at 1e12, +-3
+        ([1e-12 * (t % 24) for t in range(336)], 6.92e-12),  # a series in units of 1e-12
+        ([-5e-15 - 1e-18 * (t % 7) for t in range(336)], 2e-18),
+    ],
+)
+def test_a_row_that_moves_is_scaled_by_its_spread_at_any_magnitude(values, moves):
+    """Constant is relative to the level: neither small units nor a large level make a
+    series that moves read as one that stood still (scaled by its level, it would forecast
+    flat, or with a band a million times too wide)."""
+    assert _statistics(values, [True] * len(values))[1] == pytest.approx(moves, rel=1e-3)
+
+
+@pytest.mark.parametrize(
     ("values", "observed", "scale"),
     [
         ([0.0, 7.0, 0.0], [False, True, False], 7.0),  # one value: nothing says how it varies

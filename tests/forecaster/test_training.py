@@ -348,6 +348,28 @@ def test_intervals_are_calibrated_on_the_forecasts_users_get(series):
     assert again == model.train_result.interval_scale
 
 
+def test_series_that_stay_at_their_level_do_not_narrow_the_others_bands(series):
+    """All-zero and constant series are inside any band; counted, six of them beside two
+    seasonal series brought the factor to its floor and those series' coverage to 6-22 %.
+    Calibrating with them gives the factors calibrating without them gives."""
+    model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN)).fit(series)
+    model.model.interval_scale.fill_(1.0)
+    mc, cpu = model.model_config, torch.device("cpu")
+
+    def factors(frame: pd.DataFrame) -> tuple[float, ...]:
+        panel = SeriesPanel.from_validated(validate_long_frame(frame), mc)
+        _, val = _hold_out_tail(panel, mc.prediction_length)
+        return calibrate_intervals(model.model, val, model.train_config, cpu)
+
+    one = series[series["unique_id"] == series["unique_id"].iloc[0]]
+    still = [
+        one.assign(unique_id=f"still-{k}", y=level)
+        for k, level in enumerate([0.0, 0.0, 0.0, 5.0, 1e6, -3.0] * 4)
+    ]
+    alone = factors(series)
+    assert factors(pd.concat([series, *still], ignore_index=True)) == alone
+
+
 def test_each_band_reads_its_padding_the_way_its_validation_windows_forecast_best(series):
     """The fit's choice is what the validation windows say for the judged model; a factor
     that imputes nonsense is chosen in no band."""

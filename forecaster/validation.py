@@ -23,6 +23,7 @@ import pandas as pd
 from pandas.tseries.offsets import BaseOffset
 
 from forecaster.columns import ID, TARGET, TIME
+from forecaster.data import MISSING_TOKENS
 from forecaster.errors import (
     AmbiguousSeriesIdsError,
     DuplicateTimestampsError,
@@ -432,7 +433,8 @@ def _as_float(
 
 
 def _to_float(col: pd.Series, name: str, ids: np.ndarray, ds: np.ndarray) -> np.ndarray:
-    """A column as float64 (NaN where missing), or NonNumericValuesError naming the text."""
+    """A column as float64 (NaN where missing, or text in MISSING_TOKENS), or
+    NonNumericValuesError naming the text."""
     kind = col.dtype.kind
     if kind in "mMc":  # timestamps would read as nanoseconds, complex numbers lose a part
         raise NonNumericValuesError(
@@ -443,6 +445,8 @@ def _to_float(col: pd.Series, name: str, ids: np.ndarray, ds: np.ndarray) -> np.
     elif pd.api.types.is_numeric_dtype(col):
         values = col.to_numpy(dtype=np.float64, na_value=np.nan)
     else:
+        # Text that spells a missing value ("NA", "null", "") is one, as in a CSV.
+        col = col.mask(col.isin(MISSING_TOKENS))
         numeric = pd.to_numeric(col, errors="coerce")
         bad = (numeric.isna() & col.notna()).to_numpy()
         if bad.any():

@@ -162,6 +162,17 @@ def test_non_numeric_target_names_value_and_series(dtype):
     assert (info.value.series_id, info.value.field) == ("b", "y")
 
 
+@pytest.mark.parametrize("dtype", [object, "str"])
+def test_text_that_spells_a_missing_value_is_one_in_a_frame_as_in_a_csv(dtype):
+    df = frame()
+    df["y"] = df["y"].astype(dtype)
+    df.loc[[1, 2, 14], "y"] = ["NA", "", "null"]
+    values = validate_long_frame(df, allow_missing=True).columns["y"]
+    assert np.isnan(values[[1, 2, 14]]).all() and np.isfinite(np.delete(values, [1, 2, 14])).all()
+    with pytest.raises(MissingValuesError):  # missing, where no missing value is allowed
+        validate_long_frame(df)
+
+
 @pytest.mark.parametrize(
     "target",
     [

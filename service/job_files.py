@@ -36,6 +36,8 @@ class JobFiles:
         # One row per series left out, and why (and one for the rows without a unique_id).
         self.errors_csv = self.dir / "errors.csv"
         self.rows_without_id = self.dir / "rows_without_id.json"  # the first and how many
+        # How the job's input was cut into parts, fixed by its first run (see process_job).
+        self.layout = self.dir / "layout.json"
         # One row (unique_id, ds) per reading read as a glitch and not used.
         self.glitches_csv = self.dir / "glitches.csv"
 

@@ -11,6 +11,7 @@ Finished parts are kept, so a job taken over after its worker died resumes at th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -120,6 +121,8 @@ def process_job(ctx: JobContext) -> None:
     n_parts = max(
         1, min(MAX_PARTITIONS, math.ceil(job.input_bytes * expansion / ctx.partition_bytes))
     )
+    n_parts, chunk_series = _layout(files, n_parts, ctx.chunk_series)
+    ctx = dataclasses.replace(ctx, chunk_series=chunk_series)
     mode_file = files.dir / "mode"
     if n_parts == 1:
         # Small enough to hold at once: one part.
@@ -148,7 +151,7 @@ def process_job(ctx: JobContext) -> None:
                 shutil.rmtree(files.parts, ignore_errors=True)
                 files.parts.mkdir(parents=True)
         if n_done is None:
-            rows_total = _partition(read, files.partitions, n_parts)
+            rows_total = _partition(read, files.partitions, n_parts, ctx.stopping)
             n_done = _run_sources(
                 ctx,
                 (
@@ -175,6 +178,17 @@ def process_job(ctx: JobContext) -> None:
     assemble(files, n_done, job.output_format)
     shutil.rmtree(files.partitions, ignore_errors=True)
     shutil.rmtree(files.parts, ignore_errors=True)
+
+
+def _layout(files: JobFiles, n_parts: int, chunk_series: int) -> tuple[int, int]:
+    """The partitions and series per streamed chunk of the job's first run, which its parts
+    are numbered by: a job resumed under other settings (a redeploy that tuned them, a
+    replica configured otherwise) keeps them, or its kept parts would name other series."""
+    if files.layout.exists():
+        kept = json.loads(files.layout.read_text())
+        return int(kept["n_parts"]), int(kept["chunk_series"])
+    write_text_atomic(files.layout, json.dumps({"n_parts": n_parts, "chunk_series": chunk_series}))
+    return n_parts, chunk_series
 
 
 def _run_sources(
@@ -258,21 +272,26 @@ class _Counts:
 
 
 def _partition(
-    read: Callable[[bool], Iterator[pa.RecordBatch]], out_dir: Path, n_parts: int
+    read: Callable[[bool], Iterator[pa.RecordBatch]],
+    out_dir: Path,
+    n_parts: int,
+    stopping: threading.Event,
 ) -> int:
     """Hash-partition the input (`read(values_as_numbers)`) by series id into `n_parts` Parquet
-    files; returns rows."""
+    files; returns rows. Stops (`JobStopped`) between blocks when the service stops: a large
+    input takes minutes to partition, and the job must be handed back, not lost with its
+    worker."""
     done_marker = out_dir / "_DONE"
     if done_marker.exists():
         return int(done_marker.read_text())
     try:
-        rows = _write_partitions(read(True), out_dir, n_parts)
+        rows = _write_partitions(read(True), out_dir, n_parts, stopping)
     except _ValuesChangeType:
         # Values that are all numbers in the first block and hold text in a later one (a
         # series with text, far into the file) cannot share the partitions' schema: read the
         # values as text throughout, for the core to name that series. Only such files pay
         # for the second pass.
-        rows = _write_partitions(read(False), out_dir, n_parts)
+        rows = _write_partitions(read(False), out_dir, n_parts, stopping)
     write_text_atomic(done_marker, str(rows))
     return rows
 
@@ -281,7 +300,9 @@ class _ValuesChangeType(Exception):
     """A value column is numbers in the first block of the input and text in a later one."""
 
 
-def _write_partitions(batches: Iterator[pa.RecordBatch], out_dir: Path, n_parts: int) -> int:
+def _write_partitions(
+    batches: Iterator[pa.RecordBatch], out_dir: Path, n_parts: int, stopping: threading.Event
+) -> int:
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
     writers: dict[int, pq.ParquetWriter] = {}
@@ -289,6 +310,8 @@ def _write_partitions(batches: Iterator[pa.RecordBatch], out_dir: Path, n_parts:
     rows = 0
     try:
         for batch in batches:
+            if stopping.is_set():
+                raise JobStopped("service stopping")
             if schema is None:
                 schema = batch.schema
             elif not batch.schema.equals(schema):

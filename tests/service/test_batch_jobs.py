@@ -338,40 +338,76 @@ def test_list_and_delete(client, history):
     assert client.get(f"/v1/batch-jobs/{job_id}").status_code == 404
 
 
-def test_job_handed_back_at_a_graceful_stop_is_resumed(make_client, tmp_path, history, fitted):
+@pytest.mark.parametrize(
+    ("order", "before", "after"),
+    [
+        ("grouped", {"batch_chunk_series": 1}, {"batch_chunk_series": 1}),
+        # A redeploy that tuned the settings: the kept parts were numbered by the old ones.
+        ("grouped", {"batch_chunk_series": 1}, {"batch_chunk_series": 7}),
+        (
+            "by time",
+            {"batch_chunk_series": 1, "batch_partition_bytes": 4096},
+            {"batch_chunk_series": 1, "batch_partition_bytes": 65536},
+        ),
+    ],
+)
+def test_job_handed_back_at_a_graceful_stop_is_resumed(
+    make_client, tmp_path, history, fitted, order, before, after, monkeypatch
+):
     """A graceful stop hands a running job back without counting it as a lost worker; the next
-    start counts it as resumed and finishes it, every series once."""
+    start counts it as resumed and finishes it, every series once, under the settings the job
+    started with."""
+    import threading
+
+    from service import job_processing
+
+    # The third part waits for the stop, so that the stop lands with parts kept.
+    reached, calls = threading.Event(), []
+    forecast_partition = job_processing._forecast_partition
+
+    def third_waits_for_the_stop(ctx, *args):
+        calls.append(1)
+        if len(calls) == 3:
+            reached.set()
+            assert ctx.stopping.wait(30)
+        return forecast_partition(ctx, *args)
+
+    monkeypatch.setattr(job_processing, "_forecast_partition", third_waits_for_the_stop)
     copies = []
     for k in range(300):
         part = history.copy()
         part["unique_id"] = part["unique_id"] + f"-{k}"
         copies.append(part)
     many = pd.concat(copies, ignore_index=True)
-    client = make_client(batch_chunk_series=1)
+    if order == "by time":
+        many = many.sort_values("ds", kind="stable")
+    small = {"batch_partition_bytes": 4096}  # streamed a part per chunk, or partitioned
+    client = make_client(**{**small, **before})
     response = client.post(
         "/v1/batch-jobs",
         content=many.to_csv(index=False).encode(),
         headers={"content-type": "text/csv"},
     )
     job_id = response.json()["id"]
-    deadline = time.monotonic() + 60
-    while (job := client.get(f"/v1/batch-jobs/{job_id}").json())["series_done"] == 0:
-        assert job["status"] in ("queued", "running"), job
-        assert time.monotonic() < deadline, job
-        time.sleep(0.02)
+    assert reached.wait(60)
+    if order == "by time":  # the parts kept are the partitions'
+        assert (tmp_path / "data" / "jobs" / job_id / "partitions" / "_DONE").exists()
     client.__exit__(None, None, None)  # the lifespan's exit: a graceful stop
+    monkeypatch.undo()
     stopped = JobStore(tmp_path / "data" / "jobs.db").get(job_id)
     assert stopped is not None
     assert (stopped.status, stopped.attempts) == ("queued", 0)
 
-    restarted = make_client(batch_chunk_series=1)
+    restarted = make_client(**{**small, **after})
     done = wait_for_job(restarted, job_id, timeout=120)
     assert done["status"] == "succeeded", done
     assert done["attempts"] == 1
+    n_series = many["unique_id"].nunique()
+    assert done["series_done"] == n_series
     metrics = restarted.get("/metrics").text
     assert 'forecaster_batch_jobs_total{event="resumed"} 1.0' in metrics
     got = read_result(restarted.get(f"/v1/batch-jobs/{job_id}/result"))
-    assert len(got) == many["unique_id"].nunique() * fitted.max_horizon
+    assert len(got) == n_series * fitted.max_horizon
     assert not got.duplicated(["unique_id", "ds"]).any()
 
 

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from service.job_files import JobFiles, write_text_atomic
@@ -182,3 +183,21 @@ def test_a_state_file_is_written_whole_or_not_at_all(tmp_path):
         write_text_atomic(meta, '{"rows": 4, "note": "\ud800"}')
     assert meta.read_text() == '{"rows": 3}'
     assert [p.name for p in tmp_path.iterdir()] == ["00000.json"]
+
+
+def test_a_stop_while_partitioning_hands_the_job_back(tmp_path, training_frame):
+    """A large input takes minutes to partition: a graceful stop then stops between blocks
+    (JobStopped, so the runner hands the job back) instead of outliving the stop's grace and
+    counting as a lost worker; the unfinished partitions are not marked done."""
+    from service.job_processing import _partition
+
+    batch = pa.RecordBatch.from_pandas(training_frame, preserve_index=False)
+    stopping = threading.Event()
+    stopping.set()
+    out = tmp_path / "partitions"
+    with pytest.raises(JobStopped):
+        _partition(lambda _: iter([batch, batch]), out, 4, stopping)
+    assert not (out / "_DONE").exists()
+    stopping.clear()
+    assert _partition(lambda _: iter([batch, batch]), out, 4, stopping) == 2 * len(batch)
+    assert (out / "_DONE").exists()

@@ -310,7 +310,8 @@ def rollback_command(args: argparse.Namespace) -> int:
             to_version=args.to_version,
             tracking_uri=settings.resolved_tracking_uri,
         )
-    print(f"champion  {result.model_name} v{result.from_version} -> v{result.to_version}")
+    before = "none" if result.from_version is None else f"v{result.from_version}"
+    print(f"champion  {result.model_name} {before} -> v{result.to_version}")
     return 0
 
 

@@ -141,6 +141,26 @@ def log_model(
             )
 
 
+def _withdraw(client: MlflowClient, model_name: str, version: str, alias: str) -> None:
+    """Delete the new version whose alias call failed, unless the alias reached it after all
+    (the server applied it and the reply was lost to a timeout or a signal): MLflow deletes a
+    version's aliases with it, so deleting it would leave no version holding ``alias``, not
+    even the champion it replaced. Kept, it is a complete version. When the server cannot
+    say, it is kept too: a version without an alias harms nothing."""
+    try:
+        if alias in client.get_model_version(model_name, version).aliases:
+            logger.warning(
+                "version %s of %s holds @%s although setting it failed; kept",
+                version,
+                model_name,
+                alias,
+            )
+            return
+        client.delete_model_version(model_name, version)
+    except Exception:  # the server that failed the alias may fail this too
+        logger.warning("could not withdraw version %s of %s after a failure", version, model_name)
+
+
 def register(
     forecaster: Forecaster,
     example: pd.DataFrame,
@@ -175,10 +195,7 @@ def register(
     try:
         client.set_registered_model_alias(model_name, alias, version)
     except BaseException:  # Ctrl-C too: a version without its alias is half-registered
-        try:
-            client.delete_model_version(model_name, version)
-        except Exception:  # the server that failed the alias may fail this too
-            logger.warning("could not delete version %s of %s after a failure", version, model_name)
+        _withdraw(client, model_name, version, alias)
         raise
     logger.info("registered %s version %s as @%s", model_name, version, alias)
     client.set_tag(run_id, run_tag, version)

@@ -11,7 +11,7 @@ from mlflow.exceptions import MlflowException
 from pipelines import tracking
 from pipelines.errors import ModelNotFoundError
 from pipelines.promote import PREVIOUS_CHAMPION
-from pipelines.registry import CHAMPION, resolve_model
+from pipelines.registry import CHAMPION, ModelRef, resolve_model
 
 logger = logging.getLogger(__name__)
 
@@ -19,8 +19,16 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class RollbackResult:
     model_name: str
-    from_version: str
+    from_version: str | None  # None: there was no champion
     to_version: str
+
+
+def _current_champion(model_name: str, tracking_uri: str | None) -> ModelRef | None:
+    """The champion, or None when the model has versions but none holds the alias."""
+    try:
+        return resolve_model(f"models:/{model_name}@{CHAMPION}", tracking_uri=tracking_uri)
+    except ModelNotFoundError:
+        return None
 
 
 def rollback(
@@ -28,14 +36,25 @@ def rollback(
 ) -> RollbackResult:
     """Move ``champion`` to ``to_version``, or by default to the version the current champion
     replaced when it was promoted (its ``promotion.previous_champion`` tag). Rolling back
-    twice goes two promotions back.
+    twice goes two promotions back. With ``to_version``, a model that has lost its champion
+    gets one again.
 
     Raises:
-        ModelNotFoundError: there is no champion, it replaced nothing, or the target version
-            does not exist.
+        ModelNotFoundError: no version is named and there is no champion or it replaced
+            nothing, or the target version does not exist.
     """
-    current = resolve_model(f"models:/{model_name}@{CHAMPION}", tracking_uri=tracking_uri)
     client = tracking.client(tracking_uri)
+    if to_version is not None:
+        # Named, the target needs no current champion: this restores one that was lost.
+        current = _current_champion(model_name, tracking_uri)
+        if current is None:
+            target = resolve_model(f"models:/{model_name}/{to_version}", tracking_uri=tracking_uri)
+            with tracking.tracking_errors(tracking_uri):
+                client.set_registered_model_alias(model_name, CHAMPION, target.version)
+            logger.info("%s@%s: none -> version %s", model_name, CHAMPION, target.version)
+            return RollbackResult(model_name, None, target.version)
+    else:
+        current = resolve_model(f"models:/{model_name}@{CHAMPION}", tracking_uri=tracking_uri)
     with tracking.tracking_errors(tracking_uri):
         if to_version is None:
             tags = client.get_model_version(model_name, current.version).tags

@@ -89,6 +89,14 @@ def test_promotion_rules_and_rollback(store, data_csv, capsys):
     assert main([*rollback, "--to-version", "7"]) == 3
     assert resolve_model("models:/forecaster@champion", tracking_uri=uri).version == "2"
 
+    # A model that lost its champion gets one back from a named version.
+    client_for(store).delete_registered_model_alias("forecaster", "champion")
+    capsys.readouterr()
+    assert main(rollback) == 3  # nothing to go back from
+    assert main([*rollback, "--to-version", "1"]) == 0
+    assert "none -> v1" in capsys.readouterr().out
+    assert resolve_model("models:/forecaster@champion", tracking_uri=uri).version == "1"
+
 
 def test_another_seed_on_the_same_data_does_not_move_the_champion(store, data_csv, capsys):
     cfg = config_file(store)

@@ -275,3 +275,41 @@ def test_an_interrupt_while_aliasing_leaves_no_version_behind(champion_store, tm
             tags={},
         )
     assert {v.version for v in client.search_model_versions("name='forecaster'")} == before
+
+
+def test_an_alias_that_landed_before_its_reply_was_lost_keeps_its_version(champion_store, tmp_path):
+    """The server moved @champion to the refit version and the reply was lost (a timeout, a
+    SIGTERM): deleting the version, as for a failed alias, would delete the alias with it and
+    leave no champion at all. The version stays, holding the alias."""
+    from mlflow.tracking import MlflowClient
+
+    from pipelines import tracking
+    from pipelines.register import input_example, register
+
+    root, _ = champion_store
+    shutil.copy(root / "mlflow.db", tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    forecaster = load_forecaster("models:/forecaster@champion", tracking_uri=uri).forecaster
+
+    class ReplyLostClient(MlflowClient):
+        def set_registered_model_alias(self, *args, **kwargs):
+            super().set_registered_model_alias(*args, **kwargs)
+            raise TimeoutError("the reply did not arrive")
+
+    client = ReplyLostClient(uri)
+    run = client.create_run(client.get_experiment_by_name("forecaster").experiment_id)
+    with tracking.tracking_uri_set(uri), pytest.raises(TimeoutError):
+        register(
+            forecaster,
+            input_example(forecaster, synthetic()),
+            client=client,
+            run_id=run.info.run_id,
+            model_name="forecaster",
+            tags={},
+            alias="champion",
+        )
+    champion = client.get_model_version_by_alias("forecaster", "champion")
+    assert int(champion.version) == max(
+        int(v.version) for v in client.search_model_versions("name='forecaster'")
+    )
+    assert load_forecaster("models:/forecaster@champion", tracking_uri=uri).forecaster.is_fitted

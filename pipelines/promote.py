@@ -175,11 +175,14 @@ def decide(
     return verdict(True, f"challenger significantly better than champion: {comparison}", paired)
 
 
-def promote_with_settings(settings: PipelineSettings, frame: pd.DataFrame) -> PromotionDecision:
+def promote_with_settings(
+    settings: PipelineSettings, frame: pd.DataFrame, version: str | None = None
+) -> PromotionDecision:
     """``promote`` with the metric, margin, test and thresholds ``settings`` configure."""
     return promote(
         frame,
         model_name=settings.model_name,
+        version=version,
         metric=settings.promotion_metric,
         margin=settings.promotion_margin,
         alpha=settings.promotion_alpha,
@@ -194,6 +197,7 @@ def promote(
     frame: pd.DataFrame,
     *,
     model_name: str,
+    version: str | None = None,
     metric: str = "mase",
     margin: float = 0.0,
     alpha: float = 0.05,
@@ -203,17 +207,20 @@ def promote(
     tracking_uri: str | None = None,
     device: str | None = "cpu",
 ) -> PromotionDecision:
-    """Compare ``@challenger`` with ``@champion`` on ``frame``'s backtest windows and decide.
+    """Compare ``@challenger`` (or ``version``: retrain names the version it registered,
+    which another run may have replaced as challenger meanwhile) with ``@champion`` on
+    ``frame``'s backtest windows and decide.
 
     Raises:
-        NoChallengerError: no version carries the ``challenger`` alias.
+        NoChallengerError: no version carries the ``challenger`` alias (or is ``version``).
         ForecasterInputError: ``frame`` cannot be scored by the challenger (too short, ...).
     """
+    named = f"{model_name}/{version}" if version is not None else f"{model_name}@{CHALLENGER}"
     try:
-        challenger = resolve_model(f"models:/{model_name}@{CHALLENGER}", tracking_uri=tracking_uri)
+        challenger = resolve_model(f"models:/{named}", tracking_uri=tracking_uri)
     except ModelNotFoundError as exc:
         raise NoChallengerError(
-            f"nothing to promote: registered model {model_name}@{CHALLENGER} not found; "
+            f"nothing to promote: registered model {named} not found; "
             "run `forecaster train` or `forecaster retrain` first",
             model_uri=exc.model_uri,
         ) from None

@@ -289,7 +289,7 @@ def retrain(
         ingested = load_data(settings, data)
         monitoring = _monitor(settings, ingested, run)
         summary = train_and_register(settings, ingested, run)
-        decision = promote_with_settings(settings, ingested.frame)
+        decision = promote_with_settings(settings, ingested.frame, summary.version.version)
         run.client.set_tag(
             run.run_id, "promotion.decision", "promoted" if decision.promoted else "rejected"
         )

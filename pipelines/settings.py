@@ -119,7 +119,8 @@ class PipelineSettings(BaseSettings):
 
     # -- schedule -------------------------------------------------------------------------
     schedule: str = "0 3 * * *"
-    # Lock file that keeps two pipeline runs from overlapping.
+    # Lock file that keeps two pipeline runs from overlapping: only runs that share it (runs
+    # from other directories or hosts against one tracking server need it on shared storage).
     lock_file: Path = Path(".forecaster-pipeline.lock")
 
     # -- batch prediction -----------------------------------------------------------------

@@ -147,3 +147,21 @@ def test_an_unloadable_champion_is_judged_absent_not_a_crash(store, data_csv, tm
     assert f"champion version {version} cannot be loaded" in tags["promotion.reason"]
     assert tags["promotion.decision"] == "promoted", tags["promotion.reason"]
     assert _aliases(store)["champion"] == challenger
+
+
+def test_a_named_version_is_judged_not_whatever_challenger_names_by_then(store, data_csv):
+    """Retrain judges the version it registered: another run (from another directory, whose
+    lock file is another) may have moved @challenger to its own version meanwhile."""
+    cfg = config_file(store)
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    args = ["--config", str(cfg), "--data", str(data_csv)]
+    assert main(["train", *args]) == 0
+    assert main(["train", *args, "--set", "train.seed=1"]) == 0  # the other run's
+    assert _aliases(store)["challenger"] == "3"
+    decision = promote(
+        pd.read_csv(data_csv), model_name="forecaster", version="2", tracking_uri=uri
+    )
+    assert decision.challenger.version == "2"
+    client = client_for(store)
+    assert "promotion.decision" in client.get_model_version("forecaster", "2").tags
+    assert "promotion.decision" not in client.get_model_version("forecaster", "3").tags

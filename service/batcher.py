@@ -6,14 +6,20 @@ single inference thread. It only waits while more requests are known to be on th
 (arrived at the server, body not yet parsed): a lone request is dispatched at once, so
 batching costs no latency when there is nothing to batch with. While a batch runs, new
 requests queue up and form the next batch, so under load batches grow by themselves.
+
+The queue is in order of the requests' arrival, the chunks of a large request keeping its place
+(`ticket`): when more arrives than the model can forecast within the request timeout, the
+earliest requests are answered and the rest time out, instead of every request getting a share
+of each round and all of them timing out together.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,11 +32,13 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-@dataclass
+@dataclass(order=True)
 class _Pending(Generic[T]):
-    item: T
-    size: int
-    future: asyncio.Future[Any] = field(repr=False)
+    ticket: int  # the request's place in line (its chunks share it)
+    sequence: int  # then first come, first served
+    item: T = field(compare=False)
+    size: int = field(compare=False)
+    future: asyncio.Future[Any] = field(repr=False, compare=False)
 
 
 class MicroBatcher(Generic[T]):
@@ -53,7 +61,9 @@ class MicroBatcher(Generic[T]):
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
         self.metrics = metrics
-        self._queue: deque[_Pending[T]] = deque()
+        self._queue: list[_Pending[T]] = []  # a heap, by ticket
+        self._tickets = itertools.count()
+        self._sequence = itertools.count()
         self._wakeup = asyncio.Event()
         self._arriving = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name)
@@ -90,10 +100,18 @@ class MicroBatcher(Generic[T]):
         return len(self._queue)
 
     # -- submit -----------------------------------------------------------------------------
-    async def submit(self, item: T, size: int) -> Any:
-        """Queue `item` (`size` series) and wait for its result."""
+    def ticket(self) -> int:
+        """A place in line, for the chunks of one request to share."""
+        return next(self._tickets)
+
+    async def submit(self, item: T, size: int, ticket: int | None = None) -> Any:
+        """Queue `item` (`size` series) at `ticket`'s place (a new one by default) and wait for
+        its result."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(item, max(1, size), future))
+        place = self.ticket() if ticket is None else ticket
+        heapq.heappush(
+            self._queue, _Pending(place, next(self._sequence), item, max(1, size), future)
+        )
         self.metrics.queue_depth.set(len(self._queue))
         self._wakeup.set()
         return await future
@@ -101,7 +119,7 @@ class MicroBatcher(Generic[T]):
     # -- collector --------------------------------------------------------------------------
     def _take(self) -> _Pending[T] | None:
         while self._queue:
-            pending = self._queue.popleft()
+            pending = heapq.heappop(self._queue)
             if not pending.future.done():  # a caller that timed out has cancelled its future
                 return pending
         return None
@@ -122,11 +140,11 @@ class MicroBatcher(Generic[T]):
                 if self._queue:
                     nxt = self._queue[0]
                     if nxt.future.done():
-                        self._queue.popleft()
+                        heapq.heappop(self._queue)
                         continue
                     if size + nxt.size > self.max_batch_size:
                         break
-                    self._queue.popleft()
+                    heapq.heappop(self._queue)
                     batch.append(nxt)
                     size += nxt.size
                     continue
@@ -140,6 +158,9 @@ class MicroBatcher(Generic[T]):
                     break
             self.metrics.queue_depth.set(len(self._queue))
             await self._run(batch, size)
+            # Let the callers just answered queue their requests' next chunks, at their place
+            # in line, before the next batch is formed.
+            await asyncio.sleep(0)
 
     async def _run(self, batch: list[_Pending[T]], size: int) -> None:
         self.metrics.batch_series.observe(size)

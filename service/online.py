@@ -1,9 +1,9 @@
 """Running an online request through the micro-batcher, in chunks when it is large.
 
 A request of more than `max_batch_size` series is split into chunks queued one after the
-other, so requests that arrive meanwhile are batched between its chunks instead of waiting
-for all of it, and no single forward pass grows without bound. A request past
-`request_timeout_s` stops: the chunk in flight finishes, the rest never runs.
+other, each at the request's place in line, so that no single forward pass grows without
+bound and requests are answered in the order they came. A request past `request_timeout_s`
+stops: the chunk in flight finishes, the rest never runs.
 """
 
 from __future__ import annotations
@@ -42,5 +42,6 @@ async def _run(
     if len(chunks) == 1:  # the common case: rendered in the inference thread, as part of it
         chunks[0].render = render
         return await batcher.submit(chunks[0], chunks[0].n_series)
-    forecasts = [await batcher.submit(chunk, chunk.n_series) for chunk in chunks]
+    ticket = batcher.ticket()  # every chunk keeps the request's place in line
+    forecasts = [await batcher.submit(chunk, chunk.n_series, ticket) for chunk in chunks]
     return await asyncio.to_thread(render, ItemForecast.concat(forecasts))

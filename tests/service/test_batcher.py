@@ -88,3 +88,28 @@ def test_a_timed_out_request_is_dropped_from_the_queue():
 
     result, seen = asyncio.run(main())
     assert result == 20 and seen == [[2]]
+
+
+def test_the_chunks_of_a_request_keep_its_place_in_line():
+    """Two large requests arriving together: the first is answered whole before the second's
+    chunks run. Taking turns chunk by chunk, overload answered no request before the timeout
+    (100 requests of 1,000 series, every one a 504) though the work for half of them was done."""
+
+    async def main():
+        batcher, seen = _batcher(max_batch_size=1)
+        batcher.start()
+
+        async def request(chunks):
+            ticket = batcher.ticket()
+            return [await batcher.submit(c, 1, ticket) for c in chunks]
+
+        # Under a timeout, as `service.online` runs them.
+        first, second = await asyncio.gather(
+            asyncio.wait_for(request([1, 2, 3]), 10), asyncio.wait_for(request([4, 5, 6]), 10)
+        )
+        await batcher.stop()
+        return first, second, seen
+
+    first, second, seen = asyncio.run(main())
+    assert (first, second) == ([10, 20, 30], [40, 50, 60])
+    assert seen == [[1], [2], [3], [4], [5], [6]]

@@ -22,6 +22,8 @@ from service.errors import InvalidInputError
 
 REQUIRED_COLUMNS = ("unique_id", "ds", "y")
 PARQUET_MAGIC = b"PAR1"
+# Rows per block read from a Parquet input (a CSV's blocks are 8 MB).
+PARQUET_BATCH_ROWS = 65_536
 
 
 class JobFiles:
@@ -183,7 +185,7 @@ def iter_input(
     try:
         if fmt == "parquet":
             pf = pq.ParquetFile(path)
-            for batch in pf.iter_batches(batch_size=65_536, columns=columns):
+            for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns):
                 yield _normalise(batch, numeric)
         else:
             # Every column as text: Arrow would fix a column's type from the first block and

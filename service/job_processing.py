@@ -133,6 +133,8 @@ def process_job(ctx: JobContext) -> None:
             ctx, iter([whole_input]), count_rows(input_path, job.input_format), without_id
         )
     else:
+        if not mode_file.exists() and not _looks_grouped(next(read(), None)):
+            write_text_atomic(mode_file, "partition")
         mode = mode_file.read_text() if mode_file.exists() else "stream"
         n_done = None
         if mode == "stream":
@@ -178,6 +180,17 @@ def process_job(ctx: JobContext) -> None:
     assemble(files, n_done, job.output_format)
     shutil.rmtree(files.partitions, ignore_errors=True)
     shutil.rmtree(files.parts, ignore_errors=True)
+
+
+def _looks_grouped(first: pa.RecordBatch | None) -> bool:
+    """Whether the input's first block looks grouped by series: most rows follow a row of
+    their own series. Rows by time do not, and streaming them would forecast every series'
+    first row as a series of its own (sent to the forecast log, counted as progress) until a
+    series came back, which in a block of distinct ids is not before the second block."""
+    if first is None or first.num_rows < 2:
+        return True
+    ids = first.column("unique_id").to_numpy(zero_copy_only=False)
+    return bool((ids[1:] == ids[:-1]).mean() >= 0.5)
 
 
 def _layout(files: JobFiles, n_parts: int, chunk_series: int) -> tuple[int, int]:

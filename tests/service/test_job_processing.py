@@ -201,3 +201,38 @@ def test_a_stop_while_partitioning_hands_the_job_back(tmp_path, training_frame):
     stopping.clear()
     assert _partition(lambda _: iter([batch, batch]), out, 4, stopping) == 2 * len(batch)
     assert (out / "_DONE").exists()
+
+
+def test_rows_by_time_are_partitioned_without_forecasting_first_rows_as_series(
+    tmp_path, fitted, identity, training_frame, monkeypatch
+):
+    """Streamed, rows by time made every series' first row a series of its own, forecast, sent
+    to the forecast log and counted as progress, until a series came back (3.9 million such
+    rows in the log of a 600,000-series file, whose first blocks held distinct ids). Their
+    first block says they are not grouped."""
+    from service import job_files
+
+    monkeypatch.setattr(job_files, "PARQUET_BATCH_ROWS", 100)  # blocks of distinct ids
+    frames = []
+    for k in range(50):  # 200 series, each first seen at the first timestamp
+        part = training_frame.groupby("unique_id").tail(60).copy()
+        part["unique_id"] = part["unique_id"] + f"-{k}"
+        frames.append(part)
+    frame = pd.concat(frames, ignore_index=True).sort_values("ds", kind="stable")
+    source = tmp_path / "input.parquet"
+    frame.to_parquet(source, index=False)
+    store, job = _claimed_job(tmp_path, source)
+    logged: list[str] = []
+    ctx = JobContext(
+        job=job,
+        files=JobFiles(tmp_path / "jobs", job.id),
+        served=ServedModel(fitted, identity, datetime.now(UTC)),
+        chunk_series=CHUNK,
+        partition_bytes=4096,
+        report=lambda **values: store.update(job.id, "worker-1", **values),
+        stopping=threading.Event(),
+        on_forecast=lambda arrays, _: logged.extend(map(str, arrays.series_ids)),
+    )
+    process_job(ctx)
+    assert sorted(logged) == sorted(frame["unique_id"].unique())
+    assert store.get(job.id).series_done == frame["unique_id"].nunique()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,9 @@ logger = logging.getLogger(__name__)
 
 # Run tags that let a later run recognise a run killed on this host.
 HOST_TAG, PID_TAG, KIND_TAG = "pipeline.host", "pipeline.pid", "pipeline.kind"
+# This process among those that had its pid: a restarted container's pipeline is pid 1 again.
+PROCESS_TAG = "pipeline.process"
+PROCESS = uuid.uuid4().hex[:12]
 
 
 @dataclass(frozen=True)
@@ -115,9 +119,11 @@ def load_data(
 def mark_stale_runs(client: MlflowClient, experiment_id: str) -> None:
     """End the RUNNING pipeline runs of this host that are not running any more.
 
-    A run of a process that is gone is marked KILLED; an earlier run of this very process (a
-    scheduler whose tracking server vanished as that run ended) is marked FAILED. Only called
-    while holding the pipeline lock, so no live run of this host can be among them.
+    A run of a process that is gone is marked KILLED, as is one of an earlier process that had
+    this process's pid (a restarted container's pipeline is pid 1 again); an earlier run of this
+    very process (a scheduler whose tracking server vanished as that run ended) is marked
+    FAILED. Only called while holding the pipeline lock, so no live run of this host can be
+    among them.
     """
     host = socket.gethostname()
     runs = client.search_runs(
@@ -127,10 +133,11 @@ def mark_stale_runs(client: MlflowClient, experiment_id: str) -> None:
     )
     for run in runs:
         pid = int(run.data.tags.get(PID_TAG, "0") or 0)
-        if pid == os.getpid():
+        process = run.data.tags.get(PROCESS_TAG, PROCESS)  # untagged runs: older versions'
+        if pid == os.getpid() and process == PROCESS:
             error = "the run ended while the tracking server could not be reached"
             status = RunStatus.FAILED
-        elif _alive(pid):
+        elif pid != os.getpid() and _alive(pid):
             continue
         else:
             error, status = "process died before the run finished", RunStatus.KILLED
@@ -189,6 +196,7 @@ class PipelineRun:
                 tags={
                     HOST_TAG: socket.gethostname(),
                     PID_TAG: str(os.getpid()),
+                    PROCESS_TAG: PROCESS,
                     KIND_TAG: self.kind,
                     "code_version": code_version(),
                 },

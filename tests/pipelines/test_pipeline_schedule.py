@@ -72,3 +72,22 @@ def test_a_run_left_running_by_this_process_is_marked_failed_by_the_next(tmp_pat
     run = client.get_run(left)
     assert run.info.status == "FAILED"
     assert "tracking server" in run.data.tags["error"]
+
+
+def test_a_run_of_an_earlier_process_with_this_pid_is_marked_killed(tmp_path):
+    """A restarted container's pipeline is pid 1 again: the run its predecessor left running
+    was killed, not ended by this process losing its tracking server."""
+    import os
+    import socket
+
+    from pipelines import tracking
+    from pipelines.retrain import HOST_TAG, PID_TAG, PROCESS_TAG, mark_stale_runs
+
+    client = tracking.client(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("forecaster", artifact_location=str(tmp_path / "a"))
+    tags = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()), PROCESS_TAG: "before"}
+    left = client.create_run(experiment, tags=tags).info.run_id
+    mark_stale_runs(client, experiment)
+    run = client.get_run(left)
+    assert run.info.status == "KILLED"
+    assert "process died" in run.data.tags["error"]

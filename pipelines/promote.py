@@ -293,8 +293,8 @@ def promote(
 
 
 def _record(decision: PromotionDecision, tracking_uri: str | None) -> PromotionDecision:
-    """Tag the challenger with the decision, then (if promoted) move `champion`: the alias
-    moves last, so a failure before it leaves the champion as it was."""
+    """Tag the challenger with the scores, (if promoted) move `champion`, then tag the
+    decision: a failure before the alias leaves the champion as it was."""
     client = tracking.client(tracking_uri)
     name, version = decision.challenger.name, decision.challenger.version
     tags = {
@@ -316,11 +316,15 @@ def _record(decision: PromotionDecision, tracking_uri: str | None) -> PromotionD
         tags["promotion.compared_with"] = decision.champion.version
     if decision.promoted and decision.champion is not None:
         tags[PREVIOUS_CHAMPION] = decision.champion.version
+    # The decision goes last, after the alias: a run stopped in between leaves a version
+    # with its scores and no decision, never one that says "promoted" and is not champion.
+    verdict = tags.pop(DECISION)
     with tracking.tracking_errors(tracking_uri):
         for key, value in tags.items():
             client.set_model_version_tag(name, version, key, value)
         if decision.promoted:
             client.set_registered_model_alias(name, CHAMPION, version)
+        client.set_model_version_tag(name, version, DECISION, verdict)
     logger.info(
         "%s version %s: %s",
         "promoted" if decision.promoted else "did not promote",

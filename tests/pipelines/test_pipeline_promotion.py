@@ -165,3 +165,28 @@ def test_a_named_version_is_judged_not_whatever_challenger_names_by_then(store, 
     client = client_for(store)
     assert "promotion.decision" in client.get_model_version("forecaster", "2").tags
     assert "promotion.decision" not in client.get_model_version("forecaster", "3").tags
+
+
+def test_a_stop_before_the_alias_moves_leaves_no_promoted_tag(store, data_csv, monkeypatch):
+    """Stopped between the decision and the alias, v2 said "promoted" for good while v1 stayed
+    champion. The decision is tagged after the alias moves."""
+    from mlflow.tracking import MlflowClient
+
+    cfg = config_file(store)
+    assert main(["train", "--config", str(cfg), "--data", str(data_csv)]) == 0
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(MlflowClient, "set_registered_model_alias", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        promote(
+            pd.read_csv(data_csv),
+            model_name="forecaster",
+            alpha=1.0,
+            require_beats_baseline=False,
+            tracking_uri=f"sqlite:///{store / 'mlflow.db'}",
+        )
+    monkeypatch.undo()
+    assert "promotion.decision" not in client_for(store).get_model_version("forecaster", "2").tags
+    assert _aliases(store)["champion"] == "1"

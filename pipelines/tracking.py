@@ -83,8 +83,14 @@ def tracking_errors(tracking_uri: str | None = None) -> Iterator[None]:
     except MlflowException as exc:
         if _is_connection_failure(exc):
             uri = resolve_tracking_uri(tracking_uri)
+            # A server that took the request and did not answer in time may have applied it.
+            state = (
+                "did not answer in time (it may have applied the last request)"
+                if "read timed out" in str(exc).lower()
+                else "is unreachable"
+            )
             raise TrackingUnavailableError(
-                f"MLflow tracking server at {uri} is unreachable "
+                f"MLflow tracking server at {uri} {state} "
                 f"(MLFLOW_HTTP_REQUEST_TIMEOUT={os.environ.get('MLFLOW_HTTP_REQUEST_TIMEOUT')}s, "
                 f"MLFLOW_HTTP_REQUEST_MAX_RETRIES={os.environ.get('MLFLOW_HTTP_REQUEST_MAX_RETRIES')})"
             ) from exc

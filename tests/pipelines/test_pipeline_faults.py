@@ -71,7 +71,8 @@ def test_server_that_never_answers_times_out(tmp_path, data_csv):
         )
     assert time.monotonic() - started < 60
     assert proc.returncode == 4, proc.stderr
-    assert "unreachable" in proc.stderr.strip().splitlines()[-1]
+    # Not "unreachable": a server that took the request may have applied it.
+    assert "did not answer in time" in proc.stderr.strip().splitlines()[-1]
 
 
 def test_run_killed_mid_training_leaves_registry_untouched_and_next_run_is_clean(store, data_csv):

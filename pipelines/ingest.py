@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from forecaster.data import load_frame
 from forecaster.errors import SeriesTooShortError
-from forecaster.validation import validate_long_frame
+from forecaster.validation import ValidatedFrame, validate_long_frame
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,9 @@ def ingest(
             f"{exc.message}; {requirement}", series_id=exc.series_id, field=exc.field
         ) from None
     frame = validated.frame
+    if not isinstance(source, pd.DataFrame):
+        _warn_if_cut_short(Path(source))
+    _warn_of_early_ends(validated, name)
     ignored = [str(c) for c in df.columns if c not in frame.columns and c != "y"]
     if ignored:
         logger.warning(
@@ -106,6 +110,42 @@ def ingest(
         result.fingerprint[:19],
     )
     return result
+
+
+def _warn_if_cut_short(path: Path) -> None:
+    """A CSV written by pandas, a database export or a feed ends its last line; one that does
+    not may have been read while it was being written (its last value cut: 14.147 read as
+    14.0), which validation cannot see."""
+    if path.suffix.lower() != ".csv" or not path.is_file() or path.stat().st_size == 0:
+        return
+    with path.open("rb") as f:
+        f.seek(-1, 2)
+        last = f.read(1)
+    if last not in (b"\n", b"\r"):
+        logger.warning(
+            "%s: the last line has no line end; if the file was still being written, its last "
+            "row is cut short",
+            path,
+        )
+
+
+def _warn_of_early_ends(validated: ValidatedFrame, name: str) -> None:
+    """Series that end before the data does: series that stopped, or a feed cut short (a file
+    read half-written loses the series at its end). Each is forecast from its own end."""
+    ends = validated.columns["ds"][validated.offsets[1:] - 1]
+    early = ends < ends.max()
+    if early.any():
+        k = int(np.argmin(ends))
+        logger.warning(
+            "%s: %d of %d series end before the data's last timestamp %s (the earliest, %r, at "
+            "%s); each is forecast from its own end",
+            name,
+            int(early.sum()),
+            len(ends),
+            pd.Timestamp(ends.max()),
+            str(validated.series_ids[k]),
+            pd.Timestamp(ends[k]),
+        )
 
 
 def fingerprint(frame: pd.DataFrame) -> str:

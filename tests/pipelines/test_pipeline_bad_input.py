@@ -184,3 +184,20 @@ def test_a_set_section_that_is_not_a_mapping_is_named(store, tmp_path, capsys, s
     argv = ["retrain", "--config", str(cfg), "--data", _write(_good(), tmp_path / "d.csv")]
     assert main([*argv, "--set", f"{section}={value}"]) == 2
     assert f"error: {section}: Input should be a valid dictionary" in capsys.readouterr().err
+
+
+def test_a_file_cut_while_being_written_is_warned_of(tmp_path, caplog):
+    """A feed read half-written: its last line has no line end (the last value cut short) and
+    the series at its end stop early. Validation cannot tell, so ingest says so."""
+    df = _good()
+    path = tmp_path / "feed.csv"
+    text = df.to_csv(index=False)
+    caplog.set_level("WARNING", logger="pipelines.ingest")
+    path.write_text(text[: text.rindex("\n", 0, int(len(text) * 0.8))])
+    ingest(path)
+    assert "the last line has no line end" in caplog.text
+    assert "series end before the data's last timestamp" in caplog.text
+    caplog.clear()
+    path.write_text(text)  # whole: no warning
+    ingest(path)
+    assert caplog.text == ""

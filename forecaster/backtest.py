@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from forecaster.data import ID, TARGET, TIME
-from forecaster.errors import InvalidConfigError, SeriesTooShortError
+from forecaster.errors import EmptyDataError, InvalidConfigError, SeriesTooShortError
 from forecaster.metrics import evaluate, metric_by_group
 from forecaster.time_axis import season_length
 from forecaster.validation import validate_long_frame
@@ -122,11 +122,21 @@ def backtest(
     n = lengths[codes]
     timestamps = frame[TIME].to_numpy()
 
+    # A series with no observed value in the context the model reads at a cut cannot be
+    # forecast there (an outage longer than the context): it is left out of that window.
+    reads = getattr(model, "context_length", None)
+    observed = frame[TARGET].notna().to_numpy()
     windows = []
     for back in range(n_windows - 1, -1, -1):  # oldest origin first
         cut = n - horizon - back * step  # per row: points of history of its series
-        history = frame[position < cut].reset_index(drop=True)
-        scored = (position >= cut) & (position < cut + horizon)
+        blind = np.zeros(len(frame), dtype=bool)
+        if reads is not None:
+            read = observed & (position >= cut - reads) & (position < cut)
+            blind = (np.bincount(codes, weights=read, minlength=len(starts)) == 0)[codes]
+        history = frame[(position < cut) & ~blind].reset_index(drop=True)
+        scored = (position >= cut) & (position < cut + horizon) & ~blind
+        if not scored.any():
+            continue
         future = frame.loc[scored, [ID, TIME, *covariates]].reset_index(drop=True)
         forecast = model.predict(
             history,
@@ -138,7 +148,14 @@ def backtest(
         truth.insert(2, "cutoff", timestamps[(starts[codes] + cut - 1)[scored]])
         # Missing values are forecast but not scored.
         windows.append(_align(truth, forecast).dropna(subset=[TARGET]))
-    forecasts = pd.concat(windows, ignore_index=True)
+    forecasts = pd.concat(windows, ignore_index=True) if windows else pd.DataFrame()
+    if forecasts.empty:
+        raise EmptyDataError(
+            f"backtest: no observed value to score in the last {n_windows} window(s) of "
+            f"horizon {horizon}, or none the model could forecast (a context without an "
+            "observed value)",
+            field=TARGET,
+        )
     lag = season_length(validated.freq)
     metrics = evaluate(
         forecasts.drop(columns="cutoff"), history=frame, season_length=lag, quantiles=quantiles

@@ -8,7 +8,7 @@ import pytest
 
 from forecaster.backtest import BacktestResult, backtest
 from forecaster.baselines import SeasonalNaive
-from forecaster.errors import InvalidConfigError, SeriesTooShortError
+from forecaster.errors import EmptyDataError, InvalidConfigError, SeriesTooShortError
 from forecaster.synthetic import generate_synthetic
 
 
@@ -122,3 +122,21 @@ def test_a_horizon_or_step_that_is_not_a_whole_number_is_refused(bad):
     with pytest.raises(InvalidConfigError, match=f"{name}: expected an int") as info:
         backtest(model, df, n_windows=2, **bad)
     assert info.value.field == name
+
+
+def test_a_series_the_model_cannot_read_at_a_cut_is_left_out_of_that_window(fitted, series):
+    """An outage longer than the context before the last cut: that series cannot be forecast
+    there (predict refuses it), so it leaves that window; its earlier window and the other
+    series are scored. With nothing left to score, the error says why."""
+    L, H = fitted.model_config.context_length, fitted.max_horizon
+    out = series.copy()
+    sid = out["unique_id"].unique()[1]
+    rows = out.index[out["unique_id"] == sid]
+    out.loc[rows[-(L + H) : -H], "y"] = np.nan  # the context of the last window, all missing
+    result = backtest(fitted, out, n_windows=2, step=L + H)  # the first window before the gap
+    windows = result.forecasts.groupby("unique_id")["cutoff"].nunique()
+    assert windows[sid] == 1 and (windows.drop(sid) == 2).all()
+    assert np.isfinite(result.metrics["mae"])
+    gone = out.assign(y=np.where(out.index.isin(out.index[-(L + H) :]), np.nan, out["y"]))
+    with pytest.raises(EmptyDataError, match="no observed value to score"):
+        backtest(fitted, gone[gone["unique_id"] == out["unique_id"].iloc[-1]], n_windows=1)

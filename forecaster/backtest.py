@@ -68,6 +68,7 @@ def backtest(
     horizon: int | None = None,
     quantiles: Sequence[float] | None = None,
     covariates: Sequence[str] | None = None,
+    context_length: int | None = None,
 ) -> BacktestResult:
     """Score `model` on `n_windows` rolling origins at the end of each series of `df`.
 
@@ -83,6 +84,11 @@ def backtest(
         covariates: known-future covariate columns of `df` the model needs; their values after
             each cutoff are passed as `future_df`. None: the model's own `covariates`, when
             it has them (a fitted Forecaster does), else none.
+        context_length: steps before each cutoff a series needs an observed value in to be
+            scored in that window; None: the model's own `context_length` (a series the
+            Forecaster cannot read there is left out of the window), else every series is
+            scored. A baseline scored beside a Forecaster takes the Forecaster's, so that both
+            are scored on the same windows.
 
     Raises:
         SeriesTooShortError: a series cannot hold every window after `model.min_history`
@@ -124,7 +130,7 @@ def backtest(
 
     # A series with no observed value in the context the model reads at a cut cannot be
     # forecast there (an outage longer than the context): it is left out of that window.
-    reads = getattr(model, "context_length", None)
+    reads = getattr(model, "context_length", None) if context_length is None else context_length
     observed = frame[TARGET].notna().to_numpy()
     windows = []
     for back in range(n_windows - 1, -1, -1):  # oldest origin first

@@ -223,7 +223,10 @@ class Forecaster:
             train_set, val = WindowSet(panel, panel.window_origins(h)), None
         elif val_df is not None:
             validated_val = validate_long_frame(
-                val_df, covariates=mc.covariates, freq=self.freq, allow_missing=True
+                _observed_series(_frame(val_df)),
+                covariates=mc.covariates,
+                freq=self.freq,
+                allow_missing=True,
             )
             val_panel = SeriesPanel.from_validated(
                 validated_val, mc, self._glitches(validated_val) if masked else None
@@ -853,6 +856,17 @@ def _interrupts_deferred() -> Iterator[None]:
 
 def _frame(data: pd.DataFrame | Mapping[str, np.ndarray]) -> pd.DataFrame:
     return data if isinstance(data, pd.DataFrame) else pd.DataFrame(dict(data))
+
+
+def _observed_series(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` less its series with no observed target, when others remain: they give no
+    validation window (a series in an outage through the validation stretch), and refusing
+    them refused the whole fit."""
+    if TARGET not in frame.columns or ID not in frame.columns:
+        return frame  # validation names what is missing
+    observed = pd.to_numeric(frame[TARGET], errors="coerce").notna().to_numpy()
+    keep = pd.Series(observed).groupby(frame[ID].to_numpy()).transform("any").to_numpy()
+    return frame if keep.all() or not keep.any() else frame[keep]
 
 
 def _blind_context_error(

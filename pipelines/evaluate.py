@@ -73,7 +73,9 @@ def evaluate(
     model_bt = forecaster.backtest(frame, n_windows=n_windows, horizon=horizon)
     naive = SeasonalNaive(horizon=horizon, quantiles=forecaster.quantiles)
     naive.fit(frame)
-    naive_bt = backtest(naive, frame, n_windows=n_windows, horizon=horizon)
+    naive_bt = backtest(  # on the windows the model is scored on
+        naive, frame, n_windows=n_windows, horizon=horizon, context_length=forecaster.context_length
+    )
     evaluation = Evaluation(
         model=model_bt.metrics,
         baseline=naive_bt.metrics,

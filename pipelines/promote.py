@@ -102,10 +102,19 @@ class PromotionDecision:
 
 
 def window_scores(
-    model, frame: pd.DataFrame, horizon: int, metric: str, n_windows: int
+    model,
+    frame: pd.DataFrame,
+    horizon: int,
+    metric: str,
+    n_windows: int,
+    context_length: int | None = None,
 ) -> pd.Series:
-    """``metric`` of each series of ``frame`` in each of its last ``n_windows`` horizons."""
-    return backtest(model, frame, n_windows=n_windows, horizon=horizon).by_window(metric)
+    """``metric`` of each series of ``frame`` in each of its last ``n_windows`` horizons (those
+    whose ``context_length`` holds an observed value, see ``backtest``)."""
+    result = backtest(
+        model, frame, n_windows=n_windows, horizon=horizon, context_length=context_length
+    )
+    return result.by_window(metric)
 
 
 def paired_test(
@@ -142,7 +151,15 @@ def decide(
     require_beats_baseline: bool = True,
     window: str = "",
 ) -> Verdict:
-    """The promotion rule on paired scores (lower is better); ``champion=None``: none yet."""
+    """The promotion rule on paired scores (lower is better); ``champion=None``: none yet.
+
+    Every score is read on the (series, window) pairs all of them scored: a model leaves out
+    the windows whose context it cannot read, and another model's context may be longer."""
+    common = challenger.index.intersection(baseline.index)
+    if champion is not None:
+        common = common.intersection(champion.index)
+        champion = champion.loc[common]
+    challenger, baseline = challenger.loc[common], baseline.loc[common]
     challenger_score, baseline_score = _mean(challenger), _mean(baseline)
     champion_score = None if champion is None else _mean(champion)
     beats_naive = challenger_score < baseline_score or not require_beats_baseline
@@ -265,7 +282,9 @@ def promote(
 
     challenger_scores = window_scores(challenger_model, frame, horizon, metric, n_windows)
     naive = SeasonalNaive(horizon=horizon, quantiles=challenger_model.quantiles).fit(frame)
-    baseline_scores = window_scores(naive, frame, horizon, metric, n_windows)
+    baseline_scores = window_scores(
+        naive, frame, horizon, metric, n_windows, challenger_model.context_length
+    )
     champion_scores = None
     if champion_model is not None:
         try:

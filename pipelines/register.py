@@ -27,6 +27,7 @@ from mlflow.types.schema import AnyType, ColSpec, Schema
 import forecaster as forecaster_package
 from forecaster import Forecaster
 from forecaster.data import split_future_rows
+from forecaster.errors import MissingValuesError
 from pipelines import registry, tracking
 from pipelines.registry import ARTIFACT_NAME, CHALLENGER, ModelRef
 
@@ -62,7 +63,9 @@ def code_version() -> str:
 
 
 def input_example(forecaster: Forecaster, frame: pd.DataFrame, n_series: int = 2) -> pd.DataFrame:
-    """The last ``context_length`` points of the first ``n_series`` series of ``frame``.
+    """The last ``context_length`` points of the first ``n_series`` series of ``frame`` that
+    the model can forecast from them (an observed value among them: a series in an outage
+    longer than the context is passed over, or registration would fail on it).
 
     A model with known-future covariates forecasts only with their future values, which the
     pyfunc reads as rows appended with ``y`` empty: its example is the origin one horizon
@@ -70,16 +73,21 @@ def input_example(forecaster: Forecaster, frame: pd.DataFrame, n_series: int = 2
     """
     covariates = list(forecaster.model_config.covariates)
     future = forecaster.max_horizon if covariates else 0
-    counts = frame.groupby("unique_id", sort=False).size()
-    ids = list(counts.index[counts > future][:n_series])
-    # A fitted model trained on at least one series holding history and a horizon of targets.
-    assert ids, f"no series of the training frame holds more than {future} rows"
-    example = frame[frame["unique_id"].isin(ids)]
-    example = example.groupby("unique_id", sort=False).tail(forecaster.context_length + future)
-    example = example[["unique_id", "ds", "y", *covariates]].reset_index(drop=True)
+    tails = frame.groupby("unique_id", sort=False).tail(forecaster.context_length + future)
+    tails = tails[["unique_id", "ds", "y", *covariates]].reset_index(drop=True)
+    from_end = tails.groupby("unique_id", sort=False).cumcount(ascending=False)
+    history = from_end >= future
+    readable = tails.loc[history & tails["y"].notna(), "unique_id"].unique()[:n_series]
+    if not len(readable):
+        raise MissingValuesError(
+            f"every series ends with more than {forecaster.context_length} steps without an "
+            "observed value: the model could forecast none of them",
+            field="y",
+        )
+    chosen = tails["unique_id"].isin(readable)
+    example = tails[chosen].reset_index(drop=True)
     if future:
-        from_end = example.groupby("unique_id", sort=False).cumcount(ascending=False)
-        example["y"] = example["y"].astype("float64").mask(from_end < future)
+        example["y"] = example["y"].astype("float64").mask(~history[chosen].to_numpy())
     example["unique_id"] = example["unique_id"].astype(object)
     return example
 

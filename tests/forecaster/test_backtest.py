@@ -137,6 +137,14 @@ def test_a_series_the_model_cannot_read_at_a_cut_is_left_out_of_that_window(fitt
     windows = result.forecasts.groupby("unique_id")["cutoff"].nunique()
     assert windows[sid] == 1 and (windows.drop(sid) == 2).all()
     assert np.isfinite(result.metrics["mae"])
+    # A baseline scored beside the model takes its context: the same windows.
+    naive = SeasonalNaive(horizon=H).fit(out)
+    beside = backtest(naive, out, n_windows=2, step=L + H, context_length=L)
+    key = ["unique_id", "cutoff"]
+    pd.testing.assert_frame_equal(
+        beside.forecasts[key].drop_duplicates().reset_index(drop=True),
+        result.forecasts[key].drop_duplicates().reset_index(drop=True),
+    )
     gone = out.assign(y=np.where(out.index.isin(out.index[-(L + H) :]), np.nan, out["y"]))
     with pytest.raises(EmptyDataError, match="no observed value to score"):
         backtest(fitted, gone[gone["unique_id"] == out["unique_id"].iloc[-1]], n_windows=1)

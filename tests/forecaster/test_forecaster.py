@@ -706,3 +706,20 @@ def test_weekly_catalogue_with_new_items_is_forecast_and_beats_naive():
     model_mae = (scored["mean"] - scored["y"]).abs().mean()
     naive_mae = (naive - scored["y"]).abs().mean()
     assert model_mae < 0.8 * naive_mae
+
+
+def test_a_series_without_an_observed_validation_value_leaves_validation_only(series):
+    """A series in an outage through the validation stretch gives no validation window; it
+    refused the whole fit. The other series validate, and it still trains."""
+    from forecaster.data import time_split
+
+    parts = time_split(series, val_length=16, test_length=0, context_length=32)
+    sid = series["unique_id"].iloc[0]
+    val = parts.val.copy()
+    val.loc[val["unique_id"] == sid, "y"] = np.nan
+    model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**{**TINY_TRAIN, "max_epochs": 1}))
+    model.fit(parts.train, val_df=val)
+    assert np.isfinite(model.train_result.epochs[-1].val_loss)
+    every = val.assign(y=np.nan)
+    with pytest.raises(MissingValuesError, match="no observed value"):
+        model.fit(parts.train, val_df=every)

@@ -201,3 +201,17 @@ def test_a_file_cut_while_being_written_is_warned_of(tmp_path, caplog):
     path.write_text(text)  # whole: no warning
     ingest(path)
     assert caplog.text == ""
+
+
+def test_retrain_goes_on_when_the_first_series_is_in_a_long_outage(tmp_path, capsys):
+    """The first series' last 110 steps are missing, more than the 48-step context: it cannot be
+    forecast from its end, yet the run trains, evaluates (seasonal naive scored on the model's
+    windows), registers with an example of series it can forecast, and promotes."""
+    frame = _good()
+    first = frame.index[frame["unique_id"] == frame["unique_id"].iloc[0]]
+    frame.loc[first[-110:], "y"] = np.nan  # through the end of the training split
+    path = _write(frame, tmp_path / "outage.csv")
+    cfg = config_file(tmp_path)
+    assert main(["retrain", "--config", str(cfg), "--data", str(path)]) == 0, capsys.readouterr()
+    aliases = client_for(tmp_path).get_registered_model("forecaster").aliases
+    assert "champion" in aliases

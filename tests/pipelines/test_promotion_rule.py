@@ -64,3 +64,13 @@ def test_paired_test_pairs_by_series_id_and_ignores_missing(name):
     assert result.n_pairs == 3  # s3 has no challenger score
     ties = paired_test(challenger, challenger, name)
     assert ties.p_value == 1.0
+
+
+def test_every_score_is_read_on_the_pairs_all_models_scored(champion):
+    """A model leaves out a window whose context it cannot read; seasonal naive scored that
+    hard window alone made the model look three times better than it was."""
+    hard = pd.Series([50.0], index=["outage"])
+    verdict = decide(champion, None, pd.concat([champion * 1.5, hard]), metric="mase")
+    assert verdict.baseline_score == pytest.approx(1.5 * verdict.challenger_score)
+    with_champion = decide(champion * 0.9, pd.concat([champion, hard]), champion, metric="mase")
+    assert with_champion.champion_score == pytest.approx(champion.mean())

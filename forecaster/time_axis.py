@@ -421,7 +421,7 @@ def _shift_one(
 
 def _out_of_range(origin: np.datetime64, steps: int, offset: BaseOffset) -> InvalidTimestampsError:
     return InvalidTimestampsError(
-        f"{TIME}: {steps} step(s) of {offset.freqstr!r} from {pd.Timestamp(origin)} fall outside "
+        f"{TIME}: {steps} step(s) of {freq_alias(offset)!r} from {pd.Timestamp(origin)} fall outside "
         f"the supported range {RANGE}",
         field=TIME,
     )
@@ -466,13 +466,15 @@ def parse_freq(freq: str) -> BaseOffset:
 
 def freq_alias(offset: BaseOffset) -> str:
     """The alias `parse_freq` reads back as `offset`: its `freqstr`, except for business hours
-    other than 09:00-17:00, which pandas spells "bh" too ("bh=08:00-18:00" here)."""
+    other than 09:00-17:00, which pandas spells "bh" too ("bh=08:00-18:00" here; a close at
+    midnight is "24:00")."""
     if isinstance(offset, BusinessHour) and (offset.start, offset.end) != (
         (time(9),),
         (time(17),),
     ):
         n = "" if offset.n == 1 else str(offset.n)
-        return f"{n}bh={offset.start[0]:%H:%M}-{offset.end[0]:%H:%M}"
+        closing = f"{offset.end[0]:%H:%M}" if offset.end[0] != time(0) else "24:00"
+        return f"{n}bh={offset.start[0]:%H:%M}-{closing}"
     return offset.freqstr
 
 

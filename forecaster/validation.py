@@ -41,6 +41,7 @@ from forecaster.errors import (
 )
 from forecaster.time_axis import (
     add_offset,
+    business_hours,
     fixed_nanos,
     freq_alias,
     infer_offset,
@@ -528,6 +529,29 @@ def _check_length(
         )
 
 
+_HOUR_NS = 3600 * 10**9
+
+
+def _warn_of_business_hours_among_hourly(
+    codes: np.ndarray, ds_i8: np.ndarray, uniques: pd.Index
+) -> None:
+    """Series that keep business hours in a frame read as hourly (beside series read round
+    the clock) are read as hourly with their nights and weekends missing, and forecast through
+    them; with gaps allowed nothing else says so."""
+    weekend = ((ds_i8 // (24 * _HOUR_NS) + 3) % 7 >= 5).astype(np.int64)  # day 0: a Thursday
+    candidates = np.flatnonzero(np.bincount(codes, weights=weekend, minlength=len(uniques)) == 0)
+    found = [k for k in candidates if business_hours(ds_i8[codes == k]) is not None]
+    if found:
+        warnings.warn(
+            f"{len(found)} of {len(uniques)} series keep business hours (e.g. "
+            f"{str(uniques[found[0]])!r}) but are read as hourly, with nights and weekends "
+            "missing, beside series read round the clock; fit them apart to forecast their "
+            "next opening hours",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
 def _check_frequency(
     codes: np.ndarray,
     ds_i8: np.ndarray,
@@ -539,6 +563,8 @@ def _check_frequency(
     """The offset every series follows, checking each one is on it (without gaps unless
     `allow_gaps`: then only timestamps off the grid are errors)."""
     offset = parse_freq(freq) if freq is not None else infer_offset(ds_i8, same, uniques, codes)
+    if freq is None and allow_gaps and fixed_nanos(offset) == _HOUR_NS:
+        _warn_of_business_hours_among_hourly(codes, ds_i8, uniques)
     bad = _off_grid(ds_i8, same, offset, allow_gaps)
     if bad is None:
         return offset
@@ -547,10 +573,12 @@ def _check_frequency(
     sid = str(uniques[k])
     rows = codes == k
     own = _series_offset(ds_i8[rows]) if not allow_gaps else None
-    source = f"the given freq {freq!r}" if freq is not None else f"the inferred {offset.freqstr!r}"
+    source = (
+        f"the given freq {freq!r}" if freq is not None else f"the inferred {freq_alias(offset)!r}"
+    )
     if own is not None and freq_alias(own) != freq_alias(offset):
         raise FrequencyInferenceError(
-            f"series {sid!r} has frequency {own.freqstr!r}, expected {source}"
+            f"series {sid!r} has frequency {freq_alias(own)!r}, expected {source}"
             + ("" if freq is not None else " that the other series follow (mixed frequencies)"),
             series_id=sid,
             field=TIME,
@@ -558,7 +586,7 @@ def _check_frequency(
     found = pd.Timestamp(ds_i8[i])
     if expected is None:
         raise IrregularTimestampsError(
-            f"series {sid!r}: timestamp {found} is not on the {offset.freqstr!r} grid ({source})",
+            f"series {sid!r}: timestamp {found} is not on the {freq_alias(offset)!r} grid ({source})",
             series_id=sid,
             field=TIME,
         )
@@ -570,7 +598,7 @@ def _check_frequency(
     kind = "gap" if found > expected and on_grid else "off-grid point"
     raise IrregularTimestampsError(
         f"series {sid!r}: {kind} after {pd.Timestamp(ds_i8[i - 1])}: expected {expected} at "
-        f"frequency {offset.freqstr!r} ({source}), found {found}",
+        f"frequency {freq_alias(offset)!r} ({source}), found {found}",
         series_id=sid,
         field=TIME,
     )
@@ -645,7 +673,7 @@ def _fill_gaps(
             sid = str(uniques[codes[s]])
             raise IrregularTimestampsError(
                 f"series {sid!r}: timestamp {pd.Timestamp(ds_i8[row])} "
-                f"is not on the {offset.freqstr!r} grid that starts at its first timestamp "
+                f"is not on the {freq_alias(offset)!r} grid that starts at its first timestamp "
                 f"{pd.Timestamp(ds_i8[s])} (a different time of day?)",
                 series_id=sid,
                 field=TIME,
@@ -659,7 +687,7 @@ def _fill_gaps(
         sid = str(uniques[codes[starts[k]]])
         raise IrregularTimestampsError(
             f"series {sid!r}: {int(counts[k])} timestamps span {int(lengths[k])} steps of "
-            f"frequency {offset.freqstr!r}; expected at most {MAX_GAP_RATIO} missing steps per "
+            f"frequency {freq_alias(offset)!r}; expected at most {MAX_GAP_RATIO} missing steps per "
             "observed one (is the frequency right?)",
             series_id=sid,
             field=TIME,
@@ -674,8 +702,8 @@ def _fill_gaps(
         k = int(np.argmax(coarser))
         sid = str(uniques[codes[starts[k]]])
         raise FrequencyInferenceError(
-            f"series {sid!r}: its timestamps are {int(common[k])} steps of {offset.freqstr!r} "
-            f"apart or a multiple of that, never 1; expected frequency {offset.freqstr!r} "
+            f"series {sid!r}: its timestamps are {int(common[k])} steps of {freq_alias(offset)!r} "
+            f"apart or a multiple of that, never 1; expected frequency {freq_alias(offset)!r} "
             "(mixed frequencies?)",
             series_id=sid,
             field=TIME,

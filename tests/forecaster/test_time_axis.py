@@ -296,6 +296,11 @@ def test_business_hours_other_than_pandas_default_keep_their_hours():
     offset = parse_freq("bh=08:00-18:00")
     assert freq_alias(offset) == "bh=08:00-18:00"
     assert freq_alias(parse_freq("bh")) == "bh"
+    late = parse_freq("bh=16:00-24:00")  # a close at midnight round-trips
+    assert freq_alias(late) == "bh=16:00-24:00" and freq_alias(parse_freq(freq_alias(late))) == (
+        "bh=16:00-24:00"
+    )
+    assert season_length("bh=16:00-24:00") == 8
     friday = np.array(["2024-01-05T17:00"], dtype="datetime64[ns]")
     np.testing.assert_array_equal(
         steps_after(friday, "bh=08:00-18:00", 3)[0],

@@ -543,3 +543,13 @@ def test_calendar_gaps_are_filled_on_each_series_own_grid(freq):
     assert filled["ds"].tolist() == expected["ds"].tolist()
     assert filled["unique_id"].tolist() == expected["unique_id"].tolist()
     np.testing.assert_array_equal(filled["y"].isna(), expected["y"].isna())
+
+
+def test_business_hours_beside_round_the_clock_series_are_warned_of():
+    """Fitted together, a shop's opening hours are read as hourly with their nights missing
+    (and forecast through them); nothing else says so when gaps are allowed."""
+    web = frame("h", n=300, ids=("web",))
+    shop = frame("bh", n=100, ids=("shop",), start="2024-01-01 09:00")
+    with pytest.warns(UserWarning, match="keep business hours \\(e.g. 'shop'\\)"):
+        assert validate_long_frame(pd.concat([web, shop]), allow_missing=True).freq == "h"
+    assert validate_long_frame(shop, allow_missing=True).freq == "bh"

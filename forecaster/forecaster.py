@@ -35,7 +35,6 @@ from forecaster.config import (
     config_to_dict,
 )
 from forecaster.errors import (
-    ForecasterInputError,
     HorizonTooLongError,
     InvalidTimestampsError,
     MissingValuesError,
@@ -50,6 +49,7 @@ from forecaster.time_axis import (
     in_zone,
     patch_length_for,
     regular_range,
+    same_clock,
     season_length,
     shift,
     steps_after,
@@ -65,7 +65,12 @@ from forecaster.training import (
     seed_everything,
     train_model,
 )
-from forecaster.validation import ValidatedFrame, validate_future_frame, validate_long_frame
+from forecaster.validation import (
+    ValidatedFrame,
+    later_covariates,
+    validate_future_frame,
+    validate_long_frame,
+)
 from forecaster.windows import SeriesPanel, WindowBatch, covariate_matrix, gather_windows
 
 logger = logging.getLogger(__name__)
@@ -370,24 +375,25 @@ class Forecaster:
             )
             if mc.covariates:
                 frame = None if future_df is None else _frame(future_df)
-                # The model reads H steps: later rows, when given, beat holding the last value.
-                # Only `horizon` steps are required, and a frame too short for H (the service's
-                # requests) is validated once.
-                steps = horizon
-                if frame is not None and len(frame) >= s * mc.prediction_length:
-                    steps = mc.prediction_length
-                try:
-                    given = validate_future_frame(
-                        frame, history=validated, horizon=steps, covariates=mc.covariates
+                if frame is not None and TIME in frame.columns:
+                    same_clock(_frame(df)[TIME], frame[TIME])
+                # The `horizon` steps asked for are required; the model reads H, and each
+                # series' later rows, where given, beat holding its last value. Per series, so
+                # that a forecast depends on no other series' rows.
+                given = validate_future_frame(
+                    frame, history=validated, horizon=horizon, covariates=mc.covariates
+                )
+                if horizon < mc.prediction_length:
+                    later = later_covariates(
+                        frame,
+                        history=validated,
+                        horizon=horizon,
+                        steps=mc.prediction_length,
+                        covariates=mc.covariates,
                     )
-                except ForecasterInputError:
-                    if steps == horizon:
-                        raise
-                    given = validate_future_frame(
-                        frame, history=validated, horizon=horizon, covariates=mc.covariates
-                    )
+                    given = pd.concat([given, later], ignore_index=True)
                 future_frame = future_frame.merge(given, on=["unique_id", "ds"], how="left")
-                # Past the steps given (at least `horizon`), hold the last value.
+                # Past the steps given, hold the last value.
                 future_frame[list(mc.covariates)] = future_frame.groupby("unique_id")[
                     list(mc.covariates)
                 ].ffill()

@@ -121,6 +121,37 @@ def on_wall_clock(wall: np.ndarray) -> bool:
     return bool((time_of_day == time_of_day[0]).all()) or business_hours(wall) is not None
 
 
+def is_aware(col: pd.Series | np.ndarray) -> bool:
+    """Whether timestamps carry a zone or a UTC offset: an aware column, or text such as
+    '2024-01-01T00:00+01:00' (judged on the first value)."""
+    values = pd.Series(col)
+    if isinstance(values.dtype, pd.DatetimeTZDtype):
+        return True
+    if pd.api.types.is_datetime64_any_dtype(values):
+        return False
+    present = values.dropna()
+    if present.empty:
+        return False
+    try:
+        return pd.Timestamp(present.iat[0]).tzinfo is not None
+    except (ValueError, TypeError):
+        return False  # not a timestamp: reading it names the problem
+
+
+def same_clock(history: pd.Series | np.ndarray, future: pd.Series | np.ndarray) -> None:
+    """Refuse future timestamps given with a zone when the history's have none, or the other
+    way round: naive times are read as they stand, aware ones as instants, so the two would
+    disagree by the zone's offset (every covariate an hour off in Paris)."""
+    history_aware, future_aware = is_aware(history), is_aware(future)
+    if history_aware != future_aware:
+        with_zone = {True: "with a time zone or UTC offset", False: "without one"}
+        raise InvalidTimestampsError(
+            f"future frame: {TIME} is given {with_zone[future_aware]} but the history's is "
+            f"{with_zone[history_aware]}; give both the same way",
+            field=TIME,
+        )
+
+
 def business_hours(wall: np.ndarray) -> tuple[int, int] | None:
     """(opening, closing) hour when timestamps look like hourly business hours: whole hours,
     mostly an hour apart, on weekdays only, on at least two days, every one within an opening

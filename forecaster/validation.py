@@ -54,6 +54,9 @@ from forecaster.time_axis import (
 
 # Larger magnitudes overflow the squared deviations used for scaling, even in float64.
 MAX_ABS_VALUE = 1e30
+# Covariates reach the float32 model unscaled: past about 1e18 its layer norms overflow (a
+# covariate of 1e20 made every forecast NaN without a word).
+MAX_ABS_COVARIATE = 1e15
 
 
 # A long frame, or its columns as arrays (the road the service takes: no DataFrame inside).
@@ -125,9 +128,16 @@ def validate_long_frame(
     ids, codes, uniques = series_codes(columns[ID])
     ds, wall_clock = read_timestamps(columns[TIME], ids, wall_clock=wall_clock_for(freq))
     values = {
-        name: _as_float(columns[name], name, ids, ds, allow_nan=allow_missing and name == target)
-        for name in (target, *covariates)
+        target: _as_float(columns[target], name=target, ids=ids, ds=ds, allow_nan=allow_missing)
     }
+    # A covariate may be missing where the target is (an outage of both): the model reads no
+    # covariate where it reads no target, so such a gap is read as 0.
+    unobserved = np.isnan(values[target]) if allow_missing else False
+    for name in covariates:
+        column = _as_float(
+            columns[name], name, ids, ds, allow_nan=unobserved, max_abs=MAX_ABS_COVARIATE
+        )
+        values[name] = np.where(np.isnan(column), 0.0, column) if allow_missing else column
 
     order = _grouping_order(codes)
     if order is not None:
@@ -200,7 +210,8 @@ def validate_future_frame(
 
     Every series of `history` needs a row at each of its next `horizon` timestamps (on
     `history.freq`) with every covariate numeric and finite. Rows for other series or later
-    timestamps are ignored, so a longer covariate schedule can be passed as is.
+    timestamps are ignored, unchecked but for their id and time, so a longer covariate
+    schedule can be passed as is.
 
     Returns a frame with `unique_id`, `ds` and the covariates (float64), `horizon` rows per
     series, series in the order of `history.frame` and time increasing within each.
@@ -240,7 +251,16 @@ def validate_future_frame(
 
     ids, codes, uniques = series_codes(future_df[ID])
     ds = parse_timestamps(future_df[TIME], ids, wall_clock=history.wall_clock)
-    values = {name: _as_float(future_df[name], name, ids, ds) for name in covariates}
+    # Only the rows forecasts read are checked: a schedule may run on past them, with values
+    # not known yet, or hold series not forecast now.
+    keys = pd.DataFrame({ID: ids, TIME: ds})
+    wanted = keys.merge(expected[[ID, TIME]].assign(_wanted=True), on=[ID, TIME], how="left")
+    rows = np.flatnonzero(wanted["_wanted"].notna().to_numpy())
+    ids, codes, ds = ids[rows], codes[rows], ds[rows]
+    values = {
+        name: _as_float(future_df[name].iloc[rows], name, ids, ds, max_abs=MAX_ABS_COVARIATE)
+        for name in covariates
+    }
     dup = pd.DataFrame({"c": codes, "t": ds.view(np.int64)}).duplicated().to_numpy()
     if dup.any():
         i = int(np.argmax(dup))
@@ -265,6 +285,34 @@ def validate_future_frame(
             field=covariates[0],
         )
     return merged.drop(columns="_merge")
+
+
+def later_covariates(
+    future_df: pd.DataFrame,
+    *,
+    history: ValidatedFrame,
+    horizon: int,
+    steps: int,
+    covariates: Sequence[str],
+) -> pd.DataFrame:
+    """Covariate rows of `future_df` for steps `horizon + 1 .. steps` after each series'
+    history, where it gives every covariate as a number within range (the first such row of a
+    timestamp): each series' own, so that its forecast depends on no other series' rows.
+    Nothing is required of these rows; a step not given holds the last value."""
+    covariates = list(covariates)
+    grid = future_grid(history, steps)
+    later = grid[(grid.groupby(ID, sort=False).cumcount() >= horizon).to_numpy()]
+    ids, _, _ = series_codes(future_df[ID])
+    ds = parse_timestamps(future_df[TIME], ids, wall_clock=history.wall_clock)
+    values = {c: pd.to_numeric(future_df[c], errors="coerce").to_numpy(float) for c in covariates}
+    usable = np.ones(len(future_df), dtype=bool)
+    for column in values.values():
+        usable &= np.isfinite(column) & (np.abs(column) <= MAX_ABS_COVARIATE)
+    given = pd.DataFrame(
+        {ID: pd.array(ids, dtype="str")[usable], TIME: ds[usable]}
+        | {c: v[usable] for c, v in values.items()}
+    ).drop_duplicates([ID, TIME])
+    return later.merge(given, on=[ID, TIME], how="inner", sort=False)
 
 
 def future_grid(history: ValidatedFrame, horizon: int) -> pd.DataFrame:
@@ -401,9 +449,11 @@ def _as_float(
     name: str,
     ids: np.ndarray,
     ds: np.ndarray,
-    allow_nan: bool = False,
+    allow_nan: bool | np.ndarray = False,
+    max_abs: float = MAX_ABS_VALUE,
 ) -> np.ndarray:
-    """A target/covariate column as float64, rejecting text, inf and (unless allowed) NaN."""
+    """A target/covariate column as float64, rejecting text, inf, magnitudes past `max_abs`
+    and NaN (unless `allow_nan`, everywhere or where it is True)."""
     if isinstance(col, np.ndarray) and col.dtype == np.float64:
         values = col
     else:
@@ -420,13 +470,13 @@ def _as_float(
             series_id=sid,
             field=name,
         )
-    too_large = np.abs(np.nan_to_num(values)) > MAX_ABS_VALUE
+    too_large = np.abs(np.nan_to_num(values)) > max_abs
     if too_large.any():
         i = int(np.argmax(too_large))
         sid = str(ids[i])
         raise NonNumericValuesError(
             f"series {sid!r}: column {name!r} is {values[i]:g} at {_ts(ds, i)} (row {i}); "
-            f"expected a magnitude of at most {MAX_ABS_VALUE:g} (rescale the series)",
+            f"expected a magnitude of at most {max_abs:g} (rescale it)",
             series_id=sid,
             field=name,
         )

@@ -17,10 +17,12 @@ from forecaster.data import load_frame
 from forecaster.errors import (
     AmbiguousSeriesIdsError,
     HorizonTooLongError,
+    InvalidTimestampsError,
     IrregularTimestampsError,
     MissingCovariatesError,
     MissingValuesError,
     ModelCodeMismatchError,
+    NonNumericValuesError,
     SeriesTooShortError,
     UnknownQuantileError,
 )
@@ -723,3 +725,58 @@ def test_a_series_without_an_observed_validation_value_leaves_validation_only(se
     every = val.assign(y=np.nan)
     with pytest.raises(MissingValuesError, match="no observed value"):
         model.fit(parts.train, val_df=every)
+
+
+@pytest.fixture(scope="module")
+def with_promo():
+    data = generate_synthetic(n_series=3, n_steps=24 * 10, seed=1, with_covariates=True)
+    history = data.groupby("unique_id").head(24 * 9).reset_index(drop=True)
+    future = data.groupby("unique_id").tail(24).groupby("unique_id").head(8).drop(columns="y")
+    config = ModelConfig(**{**TINY_MODEL, "covariates": (PROMO,)})
+    model = Forecaster(config, TrainConfig(**{**TINY_TRAIN, "max_epochs": 1})).fit(history)
+    return model, history, future.reset_index(drop=True)
+
+
+def test_a_series_forecast_reads_only_its_own_future_rows(with_promo):
+    """With a horizon shorter than the model's, each series reads its own later rows where
+    given: one series giving only the steps asked for changed every other series' forecast."""
+    model, history, future = with_promo
+    full = model.predict(history, horizon=4, future_df=future)
+    first = future["unique_id"].iloc[0]
+    short = future[(future["unique_id"] != first) | (future.groupby("unique_id").cumcount() < 4)]
+    fewer = model.predict(history, horizon=4, future_df=short)
+    others = full["unique_id"] != first
+    pd.testing.assert_frame_equal(fewer[others.to_numpy()], full[others])
+    # Rows past the horizon are not required: unknown values there are no error.
+    unknown = future.assign(
+        **{PROMO: future[PROMO].where(future.groupby("unique_id").cumcount() < 4)}
+    )
+    assert model.predict(history, horizon=4, future_df=unknown)["mean"].notna().all()
+
+
+def test_covariates_given_out_of_step_with_the_history_are_refused(with_promo):
+    """An aware history with a naive schedule (or the other way round) read every covariate an
+    hour off in Paris, silently."""
+    model, history, future = with_promo
+    aware = history.assign(ds=history["ds"].dt.tz_localize("Europe/Paris"))
+    with pytest.raises(InvalidTimestampsError, match="give both the same way"):
+        model.predict(aware, future_df=future)
+    with pytest.raises(InvalidTimestampsError, match="give both the same way"):
+        model.predict(history, future_df=future.assign(ds=future["ds"].dt.tz_localize("UTC")))
+    zoned = future.assign(ds=future["ds"].dt.tz_localize("Europe/Paris"))
+    assert model.predict(aware, future_df=zoned)["mean"].notna().all()
+
+
+def test_covariate_values_the_model_cannot_read_are_refused_and_outages_are_not(with_promo):
+    model, history, future = with_promo
+    with pytest.raises(NonNumericValuesError, match=f"column '{PROMO}' is 1e\\+20") as error:
+        model.predict(history, future_df=future.assign(**{PROMO: 1e20}))
+    assert error.value.field == PROMO
+    # A covariate missing where y is (an outage of both) is no error: neither is read.
+    outage = history.copy()
+    rows = outage.index[outage["unique_id"] == outage["unique_id"].iloc[0]][-30:-20]
+    outage.loc[rows, ["y", PROMO]] = np.nan
+    dropped = outage.drop(index=rows)
+    pd.testing.assert_frame_equal(
+        model.predict(outage, future_df=future), model.predict(dropped, future_df=future)
+    )

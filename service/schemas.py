@@ -51,7 +51,8 @@ class SeriesIn(BaseModel):
     covariates: dict[str, list[float | None]] | None = Field(
         None,
         description="Known-future covariates of the model, by name: one value per history "
-        "step followed by one per forecast step (len(values) + horizon in all).",
+        "step followed by one per forecast step (len(values) + horizon in all). Past the "
+        "horizon, up to the model's full horizon, each covariate holds its last value.",
     )
 
     @model_validator(mode="after")

@@ -211,10 +211,17 @@ def _mean_mase(forecasts: pd.DataFrame, history: pd.DataFrame, season_length: in
     return float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
 
 
-def mase_scales(forecasts: pd.DataFrame, history: pd.DataFrame, season_length: int) -> np.ndarray:
+def mase_scales(
+    forecasts: pd.DataFrame,
+    history: pd.DataFrame,
+    season_length: int,
+    seasonal_only: bool = False,
+) -> np.ndarray:
     """Per forecast row: the in-sample seasonal-naive MAE of its series (NaN: no scale).
 
-    The in-sample part of a series is its `history` before its first forecast timestamp.
+    The in-sample part of a series is its `history` before its first forecast timestamp. A
+    series too short for a seasonal difference is scaled by its lag-1 differences, as in
+    `mase_scale`, or has no scale with `seasonal_only` (a figure compared with seasonal ones).
     """
     missing = [c for c in (ID, TIME, TARGET) if c not in history.columns]
     if missing:
@@ -244,7 +251,8 @@ def mase_scales(forecasts: pd.DataFrame, history: pd.DataFrame, season_length: i
     diff_m = (hist[TARGET] - grouped.shift(season_length)).abs().to_numpy()
     diff_1 = (hist[TARGET] - grouped.shift(1)).abs().to_numpy()
     # Lag 1 for series too short for a seasonal difference, as in `mase_scale`.
-    diffs = pd.Series(np.where(lengths > season_length, diff_m, diff_1))
+    short = np.nan if seasonal_only else diff_1
+    diffs = pd.Series(np.where(lengths > season_length, diff_m, short))
     by_series = hist[ID].to_numpy()
     scale = diffs.groupby(by_series, sort=False).mean().reindex(ids).to_numpy()
     level = hist[TARGET].abs().groupby(by_series, sort=False).mean().reindex(ids).to_numpy()

@@ -29,7 +29,7 @@ from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from forecaster.metrics import mase_scales, metric_by_group
+from forecaster.metrics import mase_scales
 from forecaster.plotting import plot_metric_over_time
 from forecaster.time_axis import season_length
 from forecaster.validation import ID, TARGET, TIME
@@ -119,14 +119,18 @@ def score(log: pd.DataFrame, actuals: pd.DataFrame, season: int) -> Realised:
     scored = rows.merge(truth, on=[ID, TIME], how="inner").reset_index(drop=True)
     if not len(scored):
         return Realised({}, scored.assign(scaled_error=pd.Series(dtype="float64")))
-    per_series = metric_by_group(scored, truth, season, "mase", by=("model_version", ID))
-    scale = mase_scales(scored, truth, season)
+    # Each version's series scaled by the history before that version's own first forecast,
+    # seasonally (as its backtest MASE is): another version's rows, or a history too short
+    # for the season, must not move its verdict.
+    scale = np.full(len(scored), np.nan)
+    for _, group in scored.groupby("model_version", sort=False):
+        scale[group.index] = mase_scales(group, truth, season, seasonal_only=True)
     scored = scored.assign(scaled_error=np.abs(scored[TARGET] - scored["mean"]) / scale)
     inside = (scored[TARGET] >= scored["lower"]) & (scored[TARGET] <= scored["upper"])
     has_interval = scored["lower"].notna() & scored["upper"].notna()
     versions = {}
     for version, group in scored.groupby("model_version", sort=True):
-        mase_values = per_series.loc[version].to_numpy()
+        mase_values = group.groupby(ID, sort=False)["scaled_error"].mean().to_numpy()
         with_interval = has_interval[group.index]
         versions[str(version)] = VersionAccuracy(
             version=str(version),

@@ -70,6 +70,20 @@ def test_scores_match_a_hand_computation():
     assert math.isnan(v2.coverage)
 
 
+def test_a_version_is_scaled_by_its_own_history_and_seasonally_only():
+    """v2's MASE does not move when v1 forecast the series earlier (its scale came from the
+    history before the first forecast of any version: 0.56 became 1.98); a history too short
+    for a seasonal difference gives no MASE, not a lag-1 one that reads as degradation."""
+    actuals = pd.DataFrame({"unique_id": "a", "ds": T, "y": [0.0, 4, 0, 4, 1, 3, 1]})
+    own = _log_rows("2", "a", 4, [2, 2])  # errors 1, 1; season 2 before t5: |0-0|, |4-4|, |1-0|
+    alone = score(own, actuals, season=2).versions["2"].mase
+    assert alone == pytest.approx(1 / (1 / 3))
+    earlier = _log_rows("1", "a", 1, [1])
+    beside = score(pd.concat([earlier, own], ignore_index=True), actuals, season=2)
+    assert beside.versions["2"].mase == pytest.approx(alone)
+    assert math.isnan(beside.versions["1"].mase)  # 2 points before t2: no seasonal difference
+
+
 def test_nothing_observed_yet_scores_nothing():
     log = _log_rows("1", "a", 3, [4, 4])
     actuals = pd.DataFrame({"unique_id": ["a"] * 4, "ds": T[:4], "y": [0.0, 1, 2, 3]})

@@ -196,7 +196,21 @@ def monitor(
     """
     started = time.perf_counter()
     log = read_log(log_dir, model_name=model_name) if log_dir is not None else empty_log()
+    if log_dir is not None and not Path(log_dir).is_dir():
+        # Before the service's first start this is expected; after it, a wrong path would
+        # read as a healthy champion for good.
+        logger.warning(
+            "forecast log %s does not exist: nothing scored (the service's FORECAST_LOG_DIR "
+            "and this forecast_log must name the same directory)",
+            log_dir,
+        )
     realised = score(log, data.frame, season_length(data.freq))
+    if len(log) and not len(realised.scored):
+        logger.warning(
+            "none of the %d logged forecast row(s) matches an observed value in the data "
+            "(other series ids, or timestamps it does not reach yet): nothing scored",
+            len(log),
+        )
     champion, backtest_mase = _champion(client, model_name)
     degraded, reason = degradation(
         realised.versions.get(champion) if champion else None,

@@ -277,7 +277,7 @@ def predict_file(
     covariates = list(forecaster.model_config.covariates)
     log = None
     if forecast_log is not None and ref is not None:
-        log = ForecastLog(forecast_log)
+        log = ForecastLog(forecast_log, retention_days=None)  # the service's to prune
     elif forecast_log is not None:
         logger.info("forecasts of a model loaded from a directory are not logged: no version")
 

@@ -210,3 +210,39 @@ def test_schedule_on_degradation_retrains_only_a_degraded_champion(store, tmp_pa
     assert (report.healthy, report.succeeded) == (0, 1)
     assert report.last_result.monitoring.degraded
     assert len(client.search_model_versions("name='forecaster'")) == 2
+
+
+def test_a_log_that_scores_nothing_says_why_and_predict_prunes_nothing(
+    store, tmp_path, data_csv, caplog
+):
+    """A mistyped log directory, or logged rows that match no actual, read as a healthy
+    champion with nothing but an INFO line; `forecaster predict` deleted log files past 90
+    days whatever retention the service keeps."""
+    import os
+    import time
+
+    data = pd.read_csv(data_csv, parse_dates=["ds"])
+    caplog.set_level("WARNING", logger="pipelines.monitor")
+    typo = make_settings(store, forecast_log=str(tmp_path / "no-such-log"))
+    check_champion(typo, data)
+    assert "does not exist: nothing scored" in caplog.text
+
+    log_dir = tmp_path / "log"
+    log_dir.mkdir()
+    old = log_dir / "part-old.parquet"
+    _log_rows("1", "elsewhere", 1, [1.0]).to_parquet(old)
+    ancient = time.time() - 120 * 86400
+    os.utime(old, (ancient, ancient))
+    settings = make_settings(store, forecast_log=str(log_dir))
+    predict_file(
+        settings.champion_uri,
+        data_csv,
+        tmp_path / "forecast.csv",
+        tracking_uri=settings.resolved_tracking_uri,
+        forecast_log=settings.forecast_log,
+        progress=False,
+    )
+    assert old.exists()
+    caplog.clear()
+    check_champion(settings, data)  # the forecasts lie past the data: nothing to match yet
+    assert "matches an observed value" in caplog.text

@@ -132,14 +132,17 @@ def score(log: pd.DataFrame, actuals: pd.DataFrame, season: int) -> Realised:
     for version, group in scored.groupby("model_version", sort=True):
         mase_values = group.groupby(ID, sort=False)["scaled_error"].mean().to_numpy()
         with_interval = has_interval[group.index]
+        # Coverage of one nominal level, the one most rows were logged with: bands of other
+        # levels (a client asking for 0.5-0.9) would blend into a figure of no level.
+        levels = group["level"][with_interval]
+        level = float(levels.mode().max()) if len(levels) else math.nan
+        nominal = with_interval & (group["level"] == level)
         versions[str(version)] = VersionAccuracy(
             version=str(version),
             mae=float(np.mean(np.abs(group[TARGET] - group["mean"]))),
             mase=float(np.nanmean(mase_values)) if np.isfinite(mase_values).any() else math.nan,
-            coverage=float(inside[group.index][with_interval].mean())
-            if with_interval.any()
-            else math.nan,
-            level=float(group["level"].max()) if with_interval.any() else math.nan,
+            coverage=float(inside[group.index][nominal].mean()) if nominal.any() else math.nan,
+            level=level,
             points=len(group),
             series=int(group[ID].nunique()),
             first_ds=pd.Timestamp(group[TIME].min()),
@@ -293,6 +296,16 @@ def _log(result: MonitorResult, client: MlflowClient, run_id: str, model_name: s
                 client.set_model_version_tag(model_name, version, key, value)
         except MlflowException as exc:  # a deleted version keeps its rows in the log
             logger.info("version %s not tagged: %s", version, exc)
+    champion = result.champion_version
+    if champion is not None and champion not in result.realised.versions:
+        # Not scored this time: an earlier run's verdict would stand as current (and the
+        # service would export it); the runs keep the history.
+        try:
+            stale = client.get_model_version(model_name, champion).tags
+            for key in [k for k in stale if k.startswith(REALISED_PREFIX)]:
+                client.delete_model_version_tag(model_name, champion, key)
+        except MlflowException as exc:
+            logger.info("version %s not untagged: %s", champion, exc)
     if not result.realised.versions:
         return
     table = pd.DataFrame([vars(a) for a in result.realised.versions.values()])

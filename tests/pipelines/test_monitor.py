@@ -84,6 +84,17 @@ def test_a_version_is_scaled_by_its_own_history_and_seasonally_only():
     assert math.isnan(beside.versions["1"].mase)  # 2 points before t2: no seasonal difference
 
 
+def test_coverage_is_of_one_nominal_level():
+    """Bands logged at two levels blended into one coverage reported at the larger level
+    (0.514 'at 0.8', made of 0.715 at 0.8 and 0.313 at 0.4)."""
+    actuals = pd.DataFrame({"unique_id": "a", "ds": T, "y": [0.0, 1, 2, 3, 4, 5, 6]})
+    wide = _log_rows("1", "a", 2, [3, 4, 5], lower=[2, 3, 4], upper=[4, 5, 6])  # all inside
+    narrow = _log_rows("1", "a", 1, [2], lower=[5], upper=[6]).assign(level=0.4)  # outside
+    accuracy = score(pd.concat([wide, narrow], ignore_index=True), actuals, season=1)
+    assert accuracy.versions["1"].level == pytest.approx(0.8)
+    assert accuracy.versions["1"].coverage == 1.0
+
+
 def test_nothing_observed_yet_scores_nothing():
     log = _log_rows("1", "a", 3, [4, 4])
     actuals = pd.DataFrame({"unique_id": ["a"] * 4, "ds": T[:4], "y": [0.0, 1, 2, 3]})
@@ -246,3 +257,17 @@ def test_a_log_that_scores_nothing_says_why_and_predict_prunes_nothing(
     caplog.clear()
     check_champion(settings, data)  # the forecasts lie past the data: nothing to match yet
     assert "matches an observed value" in caplog.text
+
+
+def test_a_champion_not_scored_this_time_keeps_no_earlier_verdict(store, tmp_path, data_csv):
+    """An earlier run's realised.degraded=true stayed on the champion (and in the service's
+    gauge) after a run that could not score it said not degraded."""
+    client = client_for(store)
+    client.set_model_version_tag("forecaster", "1", "realised.degraded", "true")
+    client.set_model_version_tag("forecaster", "1", "realised.mase", "9.86")
+    (tmp_path / "log").mkdir()
+    settings = make_settings(store, forecast_log=str(tmp_path / "log"))
+    result = check_champion(settings, pd.read_csv(data_csv, parse_dates=["ds"]))
+    assert not result.degraded
+    tags = client.get_model_version("forecaster", "1").tags
+    assert not [k for k in tags if k.startswith("realised.")]

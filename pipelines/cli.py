@@ -289,13 +289,18 @@ def _print_monitoring(result) -> None:
     print(f"champion  {state}: {result.reason}")
 
 
+# `forecaster monitor`'s exit code for a degraded champion, for cron or CI to alert on.
+DEGRADED_EXIT = 6
+
+
 @command
 def monitor_command(args: argparse.Namespace) -> int:
     from pipelines.retrain import check_champion
 
     settings = load_settings(args)
-    _print_monitoring(check_champion(settings))
-    return 0
+    result = check_champion(settings)
+    _print_monitoring(result)
+    return DEGRADED_EXIT if result.degraded else 0
 
 
 @command

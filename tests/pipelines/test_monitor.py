@@ -271,3 +271,28 @@ def test_a_champion_not_scored_this_time_keeps_no_earlier_verdict(store, tmp_pat
     assert not result.degraded
     tags = client.get_model_version("forecaster", "1").tags
     assert not [k for k in tags if k.startswith("realised.")]
+
+
+def test_monitor_exits_6_when_the_champion_is_degraded(store, tmp_path, data_csv, capsys):
+    """`forecaster monitor` printed DEGRADED and exited 0: nothing for cron to alert on."""
+    from pipelines.cli import main
+    from tests.pipelines.pipeline_helpers import config_file
+
+    log = tmp_path / "log"
+    settings = make_settings(store, forecast_log=str(log))
+    predict_file(
+        settings.champion_uri,
+        data_csv,
+        tmp_path / "forecast.csv",
+        tracking_uri=settings.resolved_tracking_uri,
+        forecast_log=settings.forecast_log,
+        progress=False,
+    )
+    data = pd.read_csv(data_csv, parse_dates=["ds"])
+    horizon = settings.horizon
+    cfg = config_file(store, forecast_log=str(log), degradation_min_points=10)
+    for name, shift, code in (("ok", 0.0, 0), ("shifted", 10 * data["y"].std(), 6)):
+        path = tmp_path / f"{name}.csv"
+        _observed(data, horizon, shift=shift).to_csv(path, index=False)
+        assert main(["monitor", "--config", str(cfg), "--data", str(path)]) == code
+        assert ("DEGRADED" in capsys.readouterr().out) is (code == 6)

@@ -183,10 +183,13 @@ class ForecastLog:
 
 
 def prune(directory: str | Path, retention_days: float) -> int:
-    """Delete the log files written more than ``retention_days`` ago; returns how many."""
+    """Delete the log files written more than ``retention_days`` ago, and the temporary files
+    of writers killed before their rename as old; returns how many."""
     cutoff = time.time() - retention_days * 86400
     removed = 0
-    for path in Path(directory).glob(f"{_PREFIX}*{_SUFFIX}"):
+    files = [*Path(directory).glob(f"{_PREFIX}*{_SUFFIX}")]
+    files += Path(directory).glob(f".{_PREFIX}*{_SUFFIX}.tmp")
+    for path in files:
         try:
             if path.stat().st_mtime < cutoff:
                 path.unlink()

@@ -101,9 +101,13 @@ def test_old_files_are_pruned_and_junk_files_skipped(tmp_path):
     two_days_ago = time.time() - 2 * 86400
     os.utime(old, (two_days_ago, two_days_ago))
     (directory / "part-junk.parquet").write_text("not parquet")
+    # A writer killed between writing and renaming leaves its temporary file behind.
+    orphan = directory / f".{old.name}.tmp"
+    orphan.write_text("half a file")
+    os.utime(orphan, (two_days_ago, two_days_ago))
     later = ForecastLog(directory, retention_days=1)  # e.g. the next run, or a restart
     later.append(_rows(version="2"))
     later.flush()  # a writer's first flush prunes
-    assert not old.exists()
+    assert not old.exists() and not orphan.exists()
     frame = read_log(directory)
     assert set(frame["model_version"]) == {"2"}

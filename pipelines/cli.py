@@ -286,6 +286,8 @@ def _print_monitoring(result) -> None:
             f" (nominal {a.level:.3g})  {a.points} point(s), {a.series} series, to {a.last_ds}"
         )
     state = "DEGRADED" if result.degraded else "ok"
+    if result.champion_version is None:
+        state = "none"  # the scheduler retrains then
     print(f"champion  {state}: {result.reason}")
 
 

@@ -122,12 +122,8 @@ def _observed(frame: pd.DataFrame, n_new: int, shift: float = 0.0) -> pd.DataFra
     return pd.concat([frame, new.assign(y=new["y"] + shift)], ignore_index=True)
 
 
-def test_retrain_scores_the_champions_logged_forecasts_and_a_shift_is_degradation(
-    store, tmp_path, data_csv
-):
-    settings = make_settings(store, degradation_min_points=10, forecast_log=str(tmp_path / "log"))
-    data = pd.read_csv(data_csv, parse_dates=["ds"])
-    out = tmp_path / "forecast.csv"
+def _log_champion_forecasts(settings, data_csv, out) -> None:
+    """`forecaster predict` with the champion on ``data_csv``, logging to the settings' log."""
     predict_file(
         settings.champion_uri,
         data_csv,
@@ -136,6 +132,15 @@ def test_retrain_scores_the_champions_logged_forecasts_and_a_shift_is_degradatio
         forecast_log=settings.forecast_log,
         progress=False,
     )
+
+
+def test_retrain_scores_the_champions_logged_forecasts_and_a_shift_is_degradation(
+    store, tmp_path, data_csv
+):
+    settings = make_settings(store, degradation_min_points=10, forecast_log=str(tmp_path / "log"))
+    data = pd.read_csv(data_csv, parse_dates=["ds"])
+    out = tmp_path / "forecast.csv"
+    _log_champion_forecasts(settings, data_csv, out)
     logged = read_log(settings.forecast_log)
     horizon = settings.horizon
     assert len(logged) == data["unique_id"].nunique() * horizon
@@ -185,14 +190,7 @@ class _Clock:
 def test_schedule_on_degradation_retrains_only_a_degraded_champion(store, tmp_path, data_csv):
     settings = make_settings(store, degradation_min_points=10, forecast_log=str(tmp_path / "log"))
     data = pd.read_csv(data_csv, parse_dates=["ds"])
-    predict_file(
-        settings.champion_uri,
-        data_csv,
-        tmp_path / "forecast.csv",
-        tracking_uri=settings.resolved_tracking_uri,
-        forecast_log=settings.forecast_log,
-        progress=False,
-    )
+    _log_champion_forecasts(settings, data_csv, tmp_path / "forecast.csv")
     client = client_for(store)
     healthy_data = tmp_path / "healthy.csv"
     _observed(data, settings.horizon).to_csv(healthy_data, index=False)
@@ -245,14 +243,7 @@ def test_a_log_that_scores_nothing_says_why_and_predict_prunes_nothing(
     ancient = time.time() - 120 * 86400
     os.utime(old, (ancient, ancient))
     settings = make_settings(store, forecast_log=str(log_dir))
-    predict_file(
-        settings.champion_uri,
-        data_csv,
-        tmp_path / "forecast.csv",
-        tracking_uri=settings.resolved_tracking_uri,
-        forecast_log=settings.forecast_log,
-        progress=False,
-    )
+    _log_champion_forecasts(settings, data_csv, tmp_path / "forecast.csv")
     assert old.exists()
     caplog.clear()
     check_champion(settings, data)  # the forecasts lie past the data: nothing to match yet
@@ -280,14 +271,7 @@ def test_monitor_exits_6_when_the_champion_is_degraded(store, tmp_path, data_csv
 
     log = tmp_path / "log"
     settings = make_settings(store, forecast_log=str(log))
-    predict_file(
-        settings.champion_uri,
-        data_csv,
-        tmp_path / "forecast.csv",
-        tracking_uri=settings.resolved_tracking_uri,
-        forecast_log=settings.forecast_log,
-        progress=False,
-    )
+    _log_champion_forecasts(settings, data_csv, tmp_path / "forecast.csv")
     data = pd.read_csv(data_csv, parse_dates=["ds"])
     horizon = settings.horizon
     cfg = config_file(store, forecast_log=str(log), degradation_min_points=10)

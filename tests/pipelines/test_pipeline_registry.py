@@ -245,11 +245,10 @@ def test_pyfunc_model_loads_without_pickles_and_forecasts(champion_store):
     assert (out["q0.1"] <= out["q0.9"]).mean() > 0.9
 
 
-def test_an_interrupt_while_aliasing_leaves_no_version_behind(champion_store, tmp_path):
-    """Ctrl-C between the version's creation and its alias: the version goes again, so the
-    registry holds no version that no alias names and no run reported."""
-    from mlflow.tracking import MlflowClient
-
+def _register_through(client_class, champion_store, tmp_path, alias: str = "challenger"):
+    """Register the champion's model again on a copy of the store, through ``client_class``
+    (an MlflowClient whose alias call fails some way); returns the client and the store URI
+    once ``register`` has raised."""
     from pipelines import tracking
     from pipelines.register import input_example, register
 
@@ -257,15 +256,9 @@ def test_an_interrupt_while_aliasing_leaves_no_version_behind(champion_store, tm
     shutil.copy(root / "mlflow.db", tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     forecaster = load_forecaster("models:/forecaster@champion", tracking_uri=uri).forecaster
-
-    class InterruptedClient(MlflowClient):
-        def set_registered_model_alias(self, *args, **kwargs):
-            raise KeyboardInterrupt
-
-    client = InterruptedClient(uri)
+    client = client_class(uri)
     run = client.create_run(client.get_experiment_by_name("forecaster").experiment_id)
-    before = {v.version for v in client.search_model_versions("name='forecaster'")}
-    with tracking.tracking_uri_set(uri), pytest.raises(KeyboardInterrupt):
+    with tracking.tracking_uri_set(uri), pytest.raises(BaseException) as raised:
         register(
             forecaster,
             input_example(forecaster, synthetic()),
@@ -273,7 +266,23 @@ def test_an_interrupt_while_aliasing_leaves_no_version_behind(champion_store, tm
             run_id=run.info.run_id,
             model_name="forecaster",
             tags={},
+            alias=alias,
         )
+    return client, uri, raised.value
+
+
+def test_an_interrupt_while_aliasing_leaves_no_version_behind(champion_store, tmp_path):
+    """Ctrl-C between the version's creation and its alias: the version goes again, so the
+    registry holds no version that no alias names and no run reported."""
+    from mlflow.tracking import MlflowClient
+
+    class InterruptedClient(MlflowClient):
+        def set_registered_model_alias(self, *args, **kwargs):
+            raise KeyboardInterrupt
+
+    before = {v.version for v in client_for(champion_store[0]).search_model_versions("")}
+    client, _, raised = _register_through(InterruptedClient, champion_store, tmp_path)
+    assert isinstance(raised, KeyboardInterrupt)
     assert {v.version for v in client.search_model_versions("name='forecaster'")} == before
 
 
@@ -283,31 +292,15 @@ def test_an_alias_that_landed_before_its_reply_was_lost_keeps_its_version(champi
     leave no champion at all. The version stays, holding the alias."""
     from mlflow.tracking import MlflowClient
 
-    from pipelines import tracking
-    from pipelines.register import input_example, register
-
-    root, _ = champion_store
-    shutil.copy(root / "mlflow.db", tmp_path / "mlflow.db")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    forecaster = load_forecaster("models:/forecaster@champion", tracking_uri=uri).forecaster
-
     class ReplyLostClient(MlflowClient):
         def set_registered_model_alias(self, *args, **kwargs):
             super().set_registered_model_alias(*args, **kwargs)
             raise TimeoutError("the reply did not arrive")
 
-    client = ReplyLostClient(uri)
-    run = client.create_run(client.get_experiment_by_name("forecaster").experiment_id)
-    with tracking.tracking_uri_set(uri), pytest.raises(TimeoutError):
-        register(
-            forecaster,
-            input_example(forecaster, synthetic()),
-            client=client,
-            run_id=run.info.run_id,
-            model_name="forecaster",
-            tags={},
-            alias="champion",
-        )
+    client, uri, raised = _register_through(
+        ReplyLostClient, champion_store, tmp_path, alias="champion"
+    )
+    assert isinstance(raised, TimeoutError)
     champion = client.get_model_version_by_alias("forecaster", "champion")
     assert int(champion.version) == max(
         int(v.version) for v in client.search_model_versions("name='forecaster'")

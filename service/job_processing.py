@@ -11,6 +11,7 @@ Finished parts are kept, so a job taken over after its worker died resumes at th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -133,8 +134,11 @@ def process_job(ctx: JobContext) -> None:
             ctx, iter([whole_input]), count_rows(input_path, job.input_format), without_id
         )
     else:
-        if not mode_file.exists() and not _looks_grouped(next(read(), None)):
-            write_text_atomic(mode_file, "partition")
+        if not mode_file.exists():
+            with contextlib.closing(read()) as blocks:  # the first block only
+                grouped = _looks_grouped(next(blocks, None))
+            if not grouped:
+                write_text_atomic(mode_file, "partition")
         mode = mode_file.read_text() if mode_file.exists() else "stream"
         n_done = None
         if mode == "stream":

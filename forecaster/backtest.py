@@ -17,7 +17,7 @@ import pandas as pd
 
 from forecaster.data import ID, TARGET, TIME
 from forecaster.errors import EmptyDataError, InvalidConfigError, SeriesTooShortError
-from forecaster.metrics import evaluate, metric_by_group
+from forecaster.metrics import evaluate, mase_scales, metric_by_group
 from forecaster.time_axis import season_length
 from forecaster.validation import validate_long_frame
 
@@ -57,6 +57,30 @@ class BacktestResult:
         return metric_by_group(
             self.forecasts, self.history, self.season_length, metric, by=(ID, "cutoff")
         )
+
+    def mase_by_step(self) -> np.ndarray:
+        """(horizon,) MASE at each step ahead: the scaled errors of that step, averaged per
+        series over the windows, then over the series. Errors grow with the step, so accuracy
+        later measured on the first steps alone is compared with these, not the mean."""
+        history = self.history
+        position = pd.DataFrame(
+            {
+                ID: history[ID].astype("str").to_numpy(),
+                TIME: history[TIME].to_numpy(),
+                "at": history.groupby(ID, sort=False).cumcount().to_numpy(),
+            }
+        )
+        rows = self.forecasts[[ID, TIME, "cutoff"]].assign(**{ID: self.forecasts[ID].astype("str")})
+        at = rows.merge(position, on=[ID, TIME], how="left")["at"].to_numpy()
+        origin = rows.merge(
+            position.rename(columns={TIME: "cutoff", "at": "origin"}), on=[ID, "cutoff"], how="left"
+        )["origin"].to_numpy()
+        scale = mase_scales(self.forecasts, history, self.season_length)
+        error = np.abs(self.forecasts[TARGET] - self.forecasts["mean"]).to_numpy() / scale
+        frame = pd.DataFrame({ID: rows[ID].to_numpy(), "step": at - origin, "error": error})
+        per_series = frame.groupby(["step", ID])["error"].mean()
+        by_step = per_series.groupby(level="step").mean()
+        return by_step.reindex(np.arange(1, self.horizon + 1)).to_numpy(dtype=np.float64)
 
 
 def backtest(

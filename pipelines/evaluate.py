@@ -43,6 +43,8 @@ class Evaluation:
     forecasts: pd.DataFrame  # the model's backtest forecasts beside the truth
     # Per kind of attention, the relative rise of the MASE with it made uniform.
     attention_earned: dict[str, float] = field(default_factory=dict)
+    # The model's MASE at each step ahead (monitoring compares like steps with like).
+    mase_by_step: tuple[float, ...] = ()
 
     def table(self) -> pd.DataFrame:
         """One row per metric: model, seasonal naive, and model / naive."""
@@ -82,6 +84,7 @@ def evaluate(
         n_windows=n_windows,
         horizon=horizon,
         forecasts=model_bt.forecasts,
+        mase_by_step=tuple(model_bt.mase_by_step().tolist()),
         attention_earned=attention_earned(
             forecaster,
             frame,

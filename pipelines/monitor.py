@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 # Version tags written here (and read by the service).
 REALISED_PREFIX = "realised."
 BACKTEST_MASE = "backtest.mase"
+# The backtest's MASE at each step ahead, comma-separated (3 digits: 720 steps fit a tag).
+BACKTEST_MASE_BY_STEP = "backtest.mase_by_step"
 # At most this many points on the plot's time axis; more origins are binned by day.
 _MAX_PLOT_ORIGINS = 60
 
@@ -157,9 +159,11 @@ def degradation(
     *,
     tolerance: float,
     min_points: int,
+    basis: str = "backtest",
 ) -> tuple[bool, str]:
     """Whether the champion's realised MASE is worse than its backtest's by more than
-    ``tolerance`` (0.3 = 30 %), and why (or why not)."""
+    ``tolerance`` (0.3 = 30 %), and why (or why not); ``basis`` names what the backtest MASE
+    is (over the whole horizon, or at the steps logged)."""
     if accuracy is None:
         return False, "no logged forecast of the champion has been observed yet"
     if accuracy.points < min_points:
@@ -177,7 +181,7 @@ def degradation(
     limit = backtest_mase * (1 + tolerance)
     verdict = (
         f"version {accuracy.version}: realised MASE {accuracy.mase:.4f} over {accuracy.points} "
-        f"point(s) vs backtest {backtest_mase:.4f} (limit {limit:.4f} = backtest x "
+        f"point(s) vs {basis} {backtest_mase:.4f} (limit {limit:.4f} = backtest x "
         f"{1 + tolerance:g})"
     )
     return accuracy.mase > limit, verdict
@@ -214,12 +218,20 @@ def monitor(
             "(other series ids, or timestamps it does not reach yet): nothing scored",
             len(log),
         )
-    champion, backtest_mase = _champion(client, model_name)
+    champion, backtest_mase, by_step = _champion(client, model_name)
+    basis = "backtest"
+    if champion in realised.versions and by_step:
+        # Errors grow with the step: traffic asking for the first steps alone is held to the
+        # backtest's accuracy at those steps, not to its mean over the whole horizon.
+        at_steps = _at_logged_steps(realised.scored, champion, by_step)
+        if at_steps is not None:
+            backtest_mase, basis = at_steps, "backtest at the logged steps"
     degraded, reason = degradation(
         realised.versions.get(champion) if champion else None,
         backtest_mase,
         tolerance=tolerance,
         min_points=min_points,
+        basis=basis,
     )
     if champion is None:
         degraded, reason = False, f"{model_name} has no champion yet"
@@ -257,17 +269,42 @@ def _version_key(version: str) -> tuple[int, str]:
     return (int(version), "") if version.isdigit() else (10**9, version)
 
 
-def _champion(client: MlflowClient, model_name: str) -> tuple[str | None, float | None]:
+def step_tag(values: tuple[float, ...]) -> str:
+    """The tag value of a MASE per step (`BACKTEST_MASE_BY_STEP`)."""
+    return ",".join(f"{v:.3g}" for v in values)
+
+
+def _champion(
+    client: MlflowClient, model_name: str
+) -> tuple[str | None, float | None, tuple[float, ...]]:
+    """The champion's version, backtest MASE and backtest MASE by step (empty for a version
+    registered before the tag existed)."""
     try:
         version = client.get_model_version_by_alias(model_name, CHAMPION)
     except MlflowException:
-        return None, None
-    raw = version.tags.get(BACKTEST_MASE)
+        return None, None, ()
+    raw, steps = version.tags.get(BACKTEST_MASE), version.tags.get(BACKTEST_MASE_BY_STEP, "")
     try:
         backtest = float(raw) if raw is not None else None
+        by_step = tuple(float(v) for v in steps.split(",")) if steps else ()
     except ValueError:
-        backtest = None
-    return str(version.version), backtest
+        backtest, by_step = None, ()
+    return str(version.version), backtest, by_step
+
+
+def _at_logged_steps(
+    scored: pd.DataFrame, version: str, by_step: tuple[float, ...]
+) -> float | None:
+    """The backtest MASE of the steps `version`'s scored rows were logged at, averaged the way
+    the realised MASE is (per series, then over the series); None when none is known."""
+    rows = scored[scored["model_version"] == version]
+    steps = rows["step"].to_numpy(dtype=np.int64)
+    known = (steps >= 1) & (steps <= len(by_step))
+    expected = np.full(len(rows), np.nan)
+    expected[known] = np.asarray(by_step, dtype=np.float64)[steps[known] - 1]
+    per_series = pd.Series(expected).groupby(rows[ID].to_numpy()).mean()
+    value = float(per_series.mean())
+    return value if math.isfinite(value) else None
 
 
 def _log(result: MonitorResult, client: MlflowClient, run_id: str, model_name: str) -> None:

@@ -29,7 +29,7 @@ from pipelines.evaluate import Evaluation, evaluate
 from pipelines.ingest import IngestResult, ingest
 from pipelines.interrupt import uninterruptible
 from pipelines.lock import pipeline_lock
-from pipelines.monitor import MonitorResult, monitor
+from pipelines.monitor import BACKTEST_MASE_BY_STEP, MonitorResult, monitor, step_tag
 from pipelines.promote import PromotionDecision, promote_with_settings
 from pipelines.refit import refit
 from pipelines.register import code_version, input_example, register
@@ -272,8 +272,10 @@ def train_and_register(
             "train.train_end": parts.train_end.isoformat(),
             "train.glitches": str(outcome.glitches),
             "code_version": code_version(),
-            # Every backtest score: monitoring compares the realised MASE with backtest.mase.
+            # Every backtest score: monitoring compares the realised MASE with backtest.mase,
+            # step by step where the version has backtest.mase_by_step.
             **{f"backtest.{name}": f"{value:.6g}" for name, value in evaluation.model.items()},
+            BACKTEST_MASE_BY_STEP: step_tag(evaluation.mase_by_step),
         },
     )
     return TrainResultSummary(run.run_id, data, parts, outcome, evaluation, version)

@@ -148,3 +148,14 @@ def test_a_series_the_model_cannot_read_at_a_cut_is_left_out_of_that_window(fitt
     gone = out.assign(y=np.where(out.index.isin(out.index[-(L + H) :]), np.nan, out["y"]))
     with pytest.raises(EmptyDataError, match="no observed value to score"):
         backtest(fitted, gone[gone["unique_id"] == out["unique_id"].iloc[-1]], n_windows=1)
+
+
+def test_mase_by_step_averages_to_the_backtest_mase(fitted, series):
+    """Per step, the scaled errors averaged per series and then over series; with every step
+    of every window observed, their mean is the backtest's MASE, and errors grow with the
+    step (monitoring holds short-horizon traffic to the first steps' accuracy)."""
+    result = backtest(fitted, series, n_windows=3)
+    by_step = result.mase_by_step()
+    assert by_step.shape == (fitted.max_horizon,) and np.isfinite(by_step).all()
+    assert by_step.mean() == pytest.approx(result.metrics["mase"])
+    assert by_step[:2].mean() < by_step[-2:].mean()

@@ -162,6 +162,9 @@ def test_retrain_scores_the_champions_logged_forecasts_and_a_shift_is_degradatio
     tags = client.get_model_version("forecaster", "1").tags
     assert float(tags["realised.mae"]) == pytest.approx(healthy.champion.mae, rel=1e-5)
     assert tags["realised.degraded"] == "false"
+    # Every step of the horizon was logged: the backtest at those steps, step by step.
+    assert len(tags["backtest.mase_by_step"].split(",")) == horizon
+    assert "backtest at the logged steps" in healthy.reason
 
     # A level shift the model has never seen: realised MASE far above the backtest's.
     shifted = _observed(data, horizon, shift=10 * data["y"].std())
@@ -280,3 +283,26 @@ def test_monitor_exits_6_when_the_champion_is_degraded(store, tmp_path, data_csv
         _observed(data, horizon, shift=shift).to_csv(path, index=False)
         assert main(["monitor", "--config", str(cfg), "--data", str(path)]) == code
         assert ("DEGRADED" in capsys.readouterr().out) is (code == 6)
+
+
+def test_short_horizon_traffic_is_held_to_the_backtest_at_its_steps():
+    """Realised MASE of horizon-1 forecasts was compared with the backtest's mean over the
+    whole horizon: 0.58 read as healthy beside 0.55, though the first step's backtest MASE
+    was 0.25."""
+    from pipelines.monitor import _at_logged_steps
+
+    scored = pd.DataFrame(
+        {
+            "model_version": ["2"] * 4 + ["1"],
+            "unique_id": ["a", "a", "b", "b", "a"],
+            "step": [1, 1, 1, 3, 2],
+        }
+    )
+    by_step = (0.25, 0.5, 0.75)
+    # a: 0.25; b: (0.25 + 0.75) / 2 = 0.5; the mean over series 0.375
+    assert _at_logged_steps(scored, "2", by_step) == pytest.approx(0.375)
+    assert _at_logged_steps(scored, "2", ()) is None
+    verdict, reason = degradation(
+        _accuracy(0.58), 0.25, tolerance=0.3, min_points=50, basis="backtest at the logged steps"
+    )
+    assert verdict and "backtest at the logged steps 0.2500" in reason

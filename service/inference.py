@@ -169,6 +169,7 @@ def request_frames(
     horizon: int,
     model_freq: str,
     first_index: int = 0,
+    max_horizon: int | None = None,
 ) -> FrameParts:
     """The history columns and, for models with covariates, the future covariate columns.
 
@@ -176,13 +177,17 @@ def request_frames(
     steps are whole days or coarser, else in UTC; the nanosecond range checked);
     future covariates are stamped with the steps after each series' end on the model's
     frequency, which the core checks the history against. `first_index` is the position of
-    `series[0]` in the request (for error messages about a chunk of a large request).
+    `series[0]` in the request (for error messages about a chunk of a large request). A
+    series may give covariates past `horizon`, up to `max_horizon` steps, as the library
+    reads them.
     """
+    longest = horizon if max_horizon is None else max(horizon, max_horizon)
     ids: list[np.ndarray] = []
     stamps: list[np.ndarray] = []
     values: list[np.ndarray] = []
     cov_past: dict[str, list[np.ndarray]] = {c: [] for c in covariates}
     cov_future: dict[str, list[np.ndarray]] = {c: [] for c in covariates}
+    steps_ahead: list[int] = []  # per series, the steps its future covariates cover
     for i, s in enumerate(series, start=first_index):
         n = len(s.values)
         if n == 0:  # a series without rows never reaches the frame the core validates
@@ -218,18 +223,27 @@ def request_frames(
                 field=f"series[{i}].covariates.{missing[0]}",
                 series_id=s.id,
             )
+        ahead = {len(given[name]) - n for name in covariates}
         for name in covariates:
             column = given[name]
-            if len(column) != n + horizon:
+            if not horizon <= len(column) - n <= longest or len(ahead) > 1:
+                expected = (
+                    f"{n + horizon}"
+                    if longest == horizon
+                    else (f"{n + horizon} to {n + longest}, the same for every covariate")
+                )
                 raise InvalidInputError(
-                    f"series {s.id!r} (series[{i}].covariates.{name}): expected "
-                    f"{n + horizon} values ({n} history + {horizon} horizon), got {len(column)}",
+                    f"series {s.id!r} (series[{i}].covariates.{name}): expected {expected} "
+                    f"values ({n} history + {horizon} horizon"
+                    + ("" if longest == horizon else f", up to the model's {longest}")
+                    + f"), got {len(column)}",
                     field=f"series[{i}].covariates.{name}",
                     series_id=s.id,
                 )
             arr = np.array(column, dtype=np.float64)
             cov_past[name].append(arr[:n])
             cov_future[name].append(arr[n:])
+        steps_ahead.append(len(given[covariates[0]]) - n)
     history = {
         "unique_id": np.concatenate(ids),
         "ds": np.concatenate(stamps),
@@ -240,12 +254,13 @@ def request_frames(
     if covariates:
         last = np.array([st[-1] for st in stamps], dtype="datetime64[ns]")
         try:
-            future_ds = steps_after(last, model_freq, horizon)  # (S, horizon)
+            future_ds = steps_after(last, model_freq, max(steps_ahead))  # (S, longest given)
         except ForecasterInputError as exc:
             raise InvalidInputError(f"series: {exc}", field="series") from None
+        given_steps = np.arange(future_ds.shape[1])[None, :] < np.array(steps_ahead)[:, None]
         future = {
-            "unique_id": np.repeat(np.array([s.id for s in series], dtype=object), horizon),
-            "ds": future_ds.reshape(-1),
+            "unique_id": np.repeat(np.array([s.id for s in series], dtype=object), steps_ahead),
+            "ds": future_ds[given_steps],  # row by row: each series' own steps
             **{name: np.concatenate(parts) for name, parts in cov_future.items()},
         }
     return FrameParts(history, future)

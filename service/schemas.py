@@ -51,8 +51,9 @@ class SeriesIn(BaseModel):
     covariates: dict[str, list[float | None]] | None = Field(
         None,
         description="Known-future covariates of the model, by name: one value per history "
-        "step followed by one per forecast step (len(values) + horizon in all). Past the "
-        "horizon, up to the model's full horizon, each covariate holds its last value.",
+        "step followed by one per forecast step (len(values) + horizon in all), or more, up "
+        "to the model's full horizon, which the model reads too; past the values given, "
+        "each covariate holds its last value.",
     )
 
     @model_validator(mode="after")

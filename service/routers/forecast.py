@@ -89,7 +89,12 @@ async def forecast(
             quantiles=quantiles,
             n_series=len(series[first : first + size]),
             build=lambda first=first: request_frames(
-                series[first : first + size], covariates, horizon, forecaster.freq, first
+                series[first : first + size],
+                covariates,
+                horizon,
+                forecaster.freq,
+                first,
+                max_horizon=forecaster.max_horizon,
             ),
         )
         for first in range(0, len(series), size)

@@ -114,3 +114,34 @@ def test_a_batch_job_for_a_model_with_covariates_is_refused_at_once(
     assert "POST /v1/forecast" in response.json()["detail"]
     jobs = tmp_path / "data" / "jobs"
     assert not jobs.exists() or not any(jobs.iterdir())
+
+
+def test_a_shorter_horizon_reads_the_later_covariates_given_as_the_library_does(
+    promo_client, promo_model, promo_frame
+):
+    """Asked for 3 steps with the covariates of all 12, the service forecast as if the 3rd
+    step's value held on, while the library and /invocations read them: the routes differed.
+    Each series may give from `horizon` to the model's horizon of future values."""
+    h = promo_model.max_horizon
+    request, wants = [], []
+    for sid, ahead in (("series_000", h), ("series_001", 3)):  # one gives all, one 3 steps
+        past, future = _split(promo_frame, sid, promo_model.context_length, horizon=h)
+        future = future.iloc[:ahead]
+        request.append(
+            {
+                "id": sid,
+                "timestamps": [t.isoformat() for t in past["ds"]],
+                "values": past["y"].tolist(),
+                "covariates": {"promo": past["promo"].tolist() + future["promo"].tolist()},
+            }
+        )
+        wants.append((past, future))
+    response = promo_client.post("/v1/forecast", json={"series": request, "horizon": 3})
+    assert response.status_code == 200, response.text
+    for got, (past, future) in zip(response.json()["forecasts"], wants, strict=True):
+        want = promo_model.predict(past, horizon=3, future_df=future[["unique_id", "ds", "promo"]])
+        np.testing.assert_allclose(got["mean"], want["mean"], atol=1e-5)
+    too_many = dict(request[0], covariates={"promo": request[0]["covariates"]["promo"] + [0.0]})
+    response = promo_client.post("/v1/forecast", json={"series": [too_many], "horizon": 3})
+    assert response.status_code == 422
+    assert "up to the model's" in response.json()["detail"]

@@ -7,9 +7,9 @@ range, 1677-09-21 .. 2262-04-11: a timestamp, or a forecast step, outside it is 
 
 Aware input (an aware column, Python datetimes, or ISO text whose UTC offset changes between
 values) is read one of two ways, by the rule of `on_wall_clock`. Daily or coarser data
-(at least two distinct timestamps, all at one local time of day) and business hours are read on
-their zone's wall clock, dropping the zone: its points are local dates, while in UTC a local midnight moves by an
-hour at each daylight-saving change (off the daily grid) and lands on the previous day in zones
+(at least two distinct timestamps, all at one local time of day) and business hours are read
+on their zone's wall clock, dropping the zone: their points are local dates or opening hours,
+while in UTC a local midnight moves by an hour at each daylight-saving change (off the daily grid) and lands on the previous day in zones
 east of UTC (calendar features a day off). Anything else is converted to UTC, where an hourly
 clock never skips or repeats an hour. A forecast goes back to an aware column's zone the same
 way (text input gets naive timestamps back).
@@ -71,7 +71,7 @@ _LEGACY_RE = re.compile(r"^(\d*)(M|Q|Y|A|H|T|S)(-[A-Za-z]+)?$")
 # Business hours other than pandas' 09:00-17:00, which its alias "bh" cannot spell; written the
 # way pandas prints such an offset (see `freq_alias`).
 _BUSINESS_HOURS_RE = re.compile(r"^(\d*)bh=(\d\d):00-(\d\d):00$")
-_HOUR_NS = 3600 * 10**9
+HOUR_NS = 3600 * 10**9
 # Longest opening a day that still reads as business hours rather than hourly data with gaps.
 _MAX_BUSINESS_HOURS = 16
 
@@ -152,6 +152,11 @@ def same_clock(history: pd.Series | np.ndarray, future: pd.Series | np.ndarray) 
         )
 
 
+def on_weekend(ns: np.ndarray) -> np.ndarray:
+    """Per timestamp (int64 nanoseconds), whether it falls on a Saturday or Sunday."""
+    return (ns // _DAY_NS + 3) % 7 >= 5  # 1970-01-01 was a Thursday; Monday is 0
+
+
 def business_hours(wall: np.ndarray) -> tuple[int, int] | None:
     """(opening, closing) hour when timestamps look like hourly business hours: whole hours,
     mostly an hour apart, on weekdays only, on at least two days, every one within an opening
@@ -159,15 +164,15 @@ def business_hours(wall: np.ndarray) -> tuple[int, int] | None:
 
     Such data read as hourly would be two-thirds gaps and be forecast through the night."""
     ns = np.unique(np.asarray(wall, dtype="datetime64[ns]").reshape(-1).astype(np.int64))
-    if ns.size < 2 or (ns % _HOUR_NS).any():
+    if ns.size < 2 or (ns % HOUR_NS).any():
         return None
     steps, counts = np.unique(np.diff(ns), return_counts=True)
-    if steps[np.argmax(counts)] != _HOUR_NS:  # mostly an hour apart, as business hours are
+    if steps[np.argmax(counts)] != HOUR_NS:  # mostly an hour apart, as business hours are
         return None
     days = ns // _DAY_NS
-    if ((days + 3) % 7 >= 5).any() or (days == days[0]).all():  # day 0 was a Thursday
+    if on_weekend(ns).any() or (days == days[0]).all():
         return None
-    hours = (ns % _DAY_NS) // _HOUR_NS
+    hours = (ns % _DAY_NS) // HOUR_NS
     opening, closing = int(hours.min()), int(hours.max()) + 1
     if closing - opening > _MAX_BUSINESS_HOURS or closing - opening < 2:
         return None
@@ -541,15 +546,14 @@ def infer_offset(
         )
     steps, counts = np.unique(diffs, return_counts=True)
     step = int(steps[np.argmax(counts)])
-    if step == _HOUR_NS and (hours := business_hours(ds_i8)) is not None:
+    if step == HOUR_NS and (hours := business_hours(ds_i8)) is not None:
         return BusinessHour(start=time(hours[0]), end=time(hours[1] % 24))
     if step % _DAY_NS:
         return to_offset(pd.Timedelta(step, unit="ns"))
     days = step // _DAY_NS
     first = pd.Timestamp(ds_i8[0])
     if days == 1:
-        weekday = (ds_i8 // _DAY_NS + 3) % 7  # 1970-01-01 was a Thursday; Monday is 0
-        if not (weekday >= 5).any() and (diffs == 3 * _DAY_NS).any():
+        if not on_weekend(ds_i8).any() and (diffs == 3 * _DAY_NS).any():
             return to_offset("B")
         return to_offset("D")
     if days == 7:

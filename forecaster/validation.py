@@ -40,11 +40,13 @@ from forecaster.errors import (
     UnsortedTimestampsError,
 )
 from forecaster.time_axis import (
+    HOUR_NS,
     add_offset,
     business_hours,
     fixed_nanos,
     freq_alias,
     infer_offset,
+    on_weekend,
     parse_freq,
     parse_timestamps,
     read_timestamps,
@@ -579,18 +581,25 @@ def _check_length(
         )
 
 
-_HOUR_NS = 3600 * 10**9
-
-
 def _warn_of_business_hours_among_hourly(
     codes: np.ndarray, ds_i8: np.ndarray, uniques: pd.Index
 ) -> None:
     """Series that keep business hours in a frame read as hourly (beside series read round
     the clock) are read as hourly with their nights and weekends missing, and forecast through
-    them; with gaps allowed nothing else says so."""
-    weekend = ((ds_i8 // (24 * _HOUR_NS) + 3) % 7 >= 5).astype(np.int64)  # day 0: a Thursday
+    them; with gaps allowed nothing else says so. Only series without a weekend reading are
+    looked at, each once (rows sorted by series)."""
+    weekend = on_weekend(ds_i8).astype(np.int64)
     candidates = np.flatnonzero(np.bincount(codes, weights=weekend, minlength=len(uniques)) == 0)
-    found = [k for k in candidates if business_hours(ds_i8[codes == k]) is not None]
+    if len(candidates) == 0:
+        return
+    order = np.argsort(codes, kind="stable")
+    starts = np.searchsorted(codes[order], candidates, side="left")
+    ends = np.searchsorted(codes[order], candidates, side="right")
+    found = [
+        k
+        for k, a, b in zip(candidates, starts, ends, strict=True)
+        if business_hours(ds_i8[order[a:b]]) is not None
+    ]
     if found:
         warnings.warn(
             f"{len(found)} of {len(uniques)} series keep business hours (e.g. "
@@ -613,7 +622,7 @@ def _check_frequency(
     """The offset every series follows, checking each one is on it (without gaps unless
     `allow_gaps`: then only timestamps off the grid are errors)."""
     offset = parse_freq(freq) if freq is not None else infer_offset(ds_i8, same, uniques, codes)
-    if freq is None and allow_gaps and fixed_nanos(offset) == _HOUR_NS:
+    if freq is None and allow_gaps and fixed_nanos(offset) == HOUR_NS:
         _warn_of_business_hours_among_hourly(codes, ds_i8, uniques)
     bad = _off_grid(ds_i8, same, offset, allow_gaps)
     if bad is None:

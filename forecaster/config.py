@@ -136,6 +136,10 @@ class ModelConfig:
     horizon_dropout: float = 0.5
     # Quantiles the probabilistic head predicts; empty for a point forecast only.
     quantiles: tuple[float, ...] = (0.1, 0.5, 0.9)
+    # Floor every forecast (the mean and each quantile) at 0, for counts, sales and volumes:
+    # near a low level a band, or a trend read down, would otherwise reach below zero. Applied
+    # at forecast time only, so training's gradients are the unfloored model's.
+    non_negative: bool = False
     # Loss on the point forecast, counted in each series' unit (see loss_unit).
     loss: Loss = "mae"
     # The unit each series' errors are counted in, in training and validation, so series of

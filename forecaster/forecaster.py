@@ -819,8 +819,12 @@ class Forecaster:
                 _to(future_covariates, self.device),
             )
             forecast = output.denormalize()
+        mean = forecast.mean.double().cpu()
         quantiles = None if forecast.quantiles is None else forecast.quantiles.double().cpu()
-        return ModelOutput(forecast.mean.double().cpu(), quantiles)
+        if self.model_config.non_negative:
+            mean = mean.clamp_min(0.0)
+            quantiles = None if quantiles is None else quantiles.clamp_min(0.0)
+        return ModelOutput(mean, quantiles)
 
 
 def _in_callers_types(

@@ -514,6 +514,23 @@ def test_new_series_forecast_scales_with_input(fitted, series):
     np.testing.assert_allclose(fitted.predict(one)["mean"].to_numpy(), base * 3.0 + 7.0, rtol=1e-9)
 
 
+def test_non_negative_floors_every_forecast_at_zero_and_is_saved(fitted, series, tmp_path):
+    """Counts near zero: the band and the mean are floored at 0, the rest is unchanged."""
+    low = series.copy()
+    low["y"] = low["y"] - low.groupby("unique_id")["y"].transform("mean")  # centred on 0
+    columns = ["mean", "q0.1", "q0.5", "q0.9"]
+    raw = fitted.predict(low)[columns].to_numpy()
+    assert (raw < 0).any()  # the floor has something to do
+    fitted.save(tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    config["model_config"]["non_negative"] = True
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    floored = Forecaster.load(tmp_path / "m", verify=False)
+    np.testing.assert_array_equal(floored.predict(low)[columns].to_numpy(), np.maximum(raw, 0.0))
+    floored.save(tmp_path / "again")
+    assert Forecaster.load(tmp_path / "again").model_config.non_negative
+
+
 def _with_gaps(series: pd.DataFrame) -> pd.DataFrame:
     """Series 0 loses three timestamps, series 1 gets NaNs, series 2 keeps only two points."""
     ids = series["unique_id"].unique()

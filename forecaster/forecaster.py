@@ -53,6 +53,7 @@ from forecaster.time_axis import (
     season_length,
     shift,
     steps_after,
+    zone_of,
 )
 from forecaster.training import (
     EpochLog,
@@ -832,7 +833,7 @@ def _in_callers_types(
 ) -> pd.DataFrame:
     """The forecast with the ids and timestamps typed as in `df`: inside, ids are strings and
     timestamps tz-naive; a caller's integer or categorical ids or tz-aware `ds` come back as
-    given, aware `ds` read back as the history was read (`time_axis.in_zone`)."""
+    given, aware `ds` read back as the history was read (`time_axis.zone_of`, `in_zone`)."""
     given_ids = pd.Series(df[ID])
     as_text = pd.api.types.is_string_dtype(given_ids) and not given_ids.hasnans
     if not as_text or isinstance(given_ids.dtype, pd.CategoricalDtype):
@@ -841,7 +842,7 @@ def _in_callers_types(
         first = ~text.duplicated().to_numpy()
         by_text = pd.Series(given_ids.to_numpy()[first], index=text.to_numpy()[first])
         forecast[ID] = pd.array(by_text.loc[forecast[ID]].to_numpy(), dtype=given_ids.dtype)
-    zone = getattr(pd.Series(df[TIME]).dtype, "tz", None)
+    zone = zone_of(df[TIME], freq)
     if zone is not None:
         forecast[TIME] = in_zone(forecast[TIME], zone, freq)
     return forecast

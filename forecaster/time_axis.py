@@ -12,7 +12,8 @@ on their zone's wall clock, dropping the zone: their points are local dates or o
 while in UTC a local midnight moves by an hour at each daylight-saving change (off the daily grid) and lands on the previous day in zones
 east of UTC (calendar features a day off). Anything else is converted to UTC, where an hourly
 clock never skips or repeats an hour. A forecast goes back to an aware column's zone the same
-way (text input gets naive timestamps back).
+way; text or datetimes with offsets, which name no zone, come back in UTC when they were
+read in UTC and naive when read on the wall clock (`zone_of`).
 """
 
 from __future__ import annotations
@@ -119,6 +120,18 @@ def on_wall_clock(wall: np.ndarray) -> bool:
         return False
     time_of_day = wall - wall.astype("datetime64[D]")
     return bool((time_of_day == time_of_day[0]).all()) or business_hours(wall) is not None
+
+
+def zone_of(col: pd.Series | np.ndarray, freq: str) -> Any:
+    """The time zone forecasts on `freq` of a history whose `ds` is `col` come back in
+    (`in_zone`): an aware column's own; UTC for text or datetimes with UTC offsets read in
+    UTC (`wall_clock_for`), so that the instants are labelled rather than left naive (no zone
+    name came with them, and their offsets may change); None for naive input and for such
+    offsets on local dates, which stay naive."""
+    zone = getattr(pd.Series(col).dtype, "tz", None)
+    if zone is None and not wall_clock_for(freq) and is_aware(col):
+        return "UTC"
+    return zone
 
 
 def is_aware(col: pd.Series | np.ndarray) -> bool:

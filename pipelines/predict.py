@@ -36,7 +36,7 @@ from forecaster import Forecaster
 from forecaster.data import csv_reading, load_frame, reading
 from forecaster.errors import EmptyDataError, ForecasterInputError, MissingColumnsError
 from forecaster.outputs import ForecastArrays
-from forecaster.time_axis import in_zone
+from forecaster.time_axis import in_zone, zone_of
 from forecaster.validation import ID, TARGET, TIME
 from pipelines.forecast_log import ForecastLog, records
 from pipelines.registry import ModelRef, load_forecaster
@@ -303,7 +303,7 @@ def predict_file(
         for batch in whole_series_chunks(chunks, chunk_series):
             forecast = forecast_batch(forecaster, batch, horizon=horizon, quantiles=quantiles)
             # An aware ds comes back in its zone, as from Forecaster.predict.
-            zone = getattr(batch[TIME].dtype, "tz", None)
+            zone = zone_of(batch[TIME], forecaster.freq)
             writer.write(_zoned(forecast.to_frame(), zone, forecaster.freq))
             counts = np.fromiter((len(g) for g in forecast.glitches), dtype=np.int64)
             n_glitches += int(counts.sum())

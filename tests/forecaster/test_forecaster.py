@@ -365,6 +365,16 @@ def test_forecast_keeps_the_callers_id_dtype_and_time_zone(fitted, series):
     np.testing.assert_array_equal(forecast["mean"], fitted.predict(utc)["mean"])
 
 
+def test_timestamps_given_as_text_with_offsets_come_back_labelled(fitted, series):
+    """Hourly text with offsets (as a CSV holds an aware column) is read in UTC: the forecast
+    says so instead of coming back naive; local dates of daily data stay naive."""
+    aware = series.assign(ds=series["ds"].dt.tz_localize("UTC").dt.tz_convert("Europe/Berlin"))
+    as_text = aware.assign(ds=aware["ds"].astype(str))
+    forecast = fitted.predict(as_text)
+    assert str(forecast["ds"].dt.tz) == "UTC"
+    assert (forecast["ds"] == fitted.predict(aware)["ds"]).all()
+
+
 def test_categorical_and_mixed_ids_come_back_as_given(fitted, series):
     """A categorical id column stays categorical; ids of two kinds that compare equal (True and
     1) stay two series; ids of two kinds that read alike (1 and "1") are refused."""

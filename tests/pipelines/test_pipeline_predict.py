@@ -278,6 +278,20 @@ def test_an_aware_history_is_forecast_in_its_time_zone(model_dir, history, tmp_p
     assert (first - last.loc[first.index] == pd.Timedelta(hours=1)).all()
 
 
+def test_an_aware_csv_is_forecast_in_utc_labelled(model_dir, history, tmp_path):
+    """A CSV holds an aware column as text whose offsets change at daylight-saving time: the
+    forecasts are the same instants, labelled UTC, not naive UTC that reads an hour early."""
+    aware = history.assign(
+        ds=history["ds"].dt.tz_localize("Europe/Berlin") + pd.Timedelta(days=86)
+    )  # late March: the offset goes from +01:00 to +02:00 inside the history
+    aware.to_csv(tmp_path / "in.csv", index=False)
+    predict_file(str(model_dir), tmp_path / "in.csv", tmp_path / "out.csv", progress=False)
+    text = pd.read_csv(tmp_path / "out.csv")["ds"]
+    assert text.str.endswith("+00:00").all()
+    want = Forecaster.load(model_dir, device="cpu").predict(aware)["ds"]
+    assert (pd.to_datetime(text) == want.dt.tz_convert("UTC")).all()
+
+
 def test_an_id_that_spells_a_missing_value_is_forecast(model_dir, history, tmp_path):
     """A CSV's "NA" id (Namibia, say) is a series, as the Spark engine reads it too."""
     named = history.assign(unique_id=history["unique_id"].replace({"series_000": "NA"}))

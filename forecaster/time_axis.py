@@ -61,7 +61,7 @@ _MIN_US = np.datetime64(pd.Timestamp.min.ceil("us").to_datetime64(), "us")
 _MAX_US = np.datetime64(pd.Timestamp.max.floor("us").to_datetime64(), "us")
 _NS = np.dtype("datetime64[ns]")
 
-_DAY_NS = 86_400 * 10**9
+DAY_NS = 86_400 * 10**9
 # Most steps in a seasonal cycle (a day of minutes).
 _MAX_SEASON = 1440
 _WEEKDAYS = ("MON", "TUE", "WED", "THU", "FRI", "SAT", "SUN")
@@ -93,7 +93,7 @@ def wall_clock_for(freq: str | None) -> bool | None:
     if isinstance(offset, BusinessHour | CustomBusinessHour):
         return True  # opening hours are local ones
     nanos = fixed_nanos(offset)
-    return nanos is None or nanos % _DAY_NS == 0
+    return nanos is None or nanos % DAY_NS == 0
 
 
 def in_zone(ds: pd.Series, zone: Any, freq: str) -> pd.Series:
@@ -167,7 +167,7 @@ def same_clock(history: pd.Series | np.ndarray, future: pd.Series | np.ndarray) 
 
 def on_weekend(ns: np.ndarray) -> np.ndarray:
     """Per timestamp (int64 nanoseconds), whether it falls on a Saturday or Sunday."""
-    return (ns // _DAY_NS + 3) % 7 >= 5  # 1970-01-01 was a Thursday; Monday is 0
+    return (ns // DAY_NS + 3) % 7 >= 5  # 1970-01-01 was a Thursday; Monday is 0
 
 
 def business_hours(wall: np.ndarray) -> tuple[int, int] | None:
@@ -182,10 +182,10 @@ def business_hours(wall: np.ndarray) -> tuple[int, int] | None:
     steps, counts = np.unique(np.diff(ns), return_counts=True)
     if steps[np.argmax(counts)] != HOUR_NS:  # mostly an hour apart, as business hours are
         return None
-    days = ns // _DAY_NS
+    days = ns // DAY_NS
     if on_weekend(ns).any() or (days == days[0]).all():
         return None
-    hours = (ns % _DAY_NS) // HOUR_NS
+    hours = (ns % DAY_NS) // HOUR_NS
     opening, closing = int(hours.min()), int(hours.max()) + 1
     if closing - opening > _MAX_BUSINESS_HOURS or closing - opening < 2:
         return None
@@ -561,12 +561,12 @@ def infer_offset(
     step = int(steps[np.argmax(counts)])
     if step == HOUR_NS and (hours := business_hours(ds_i8)) is not None:
         return BusinessHour(start=time(hours[0]), end=time(hours[1] % 24))
-    if step % _DAY_NS:
+    if step % DAY_NS:
         return to_offset(pd.Timedelta(step, unit="ns"))
-    days = step // _DAY_NS
+    days = step // DAY_NS
     first = pd.Timestamp(ds_i8[0])
     if days == 1:
-        if not on_weekend(ds_i8).any() and (diffs == 3 * _DAY_NS).any():
+        if not on_weekend(ds_i8).any() and (diffs == 3 * DAY_NS).any():
             return to_offset("B")
         return to_offset("D")
     if days == 7:
@@ -654,11 +654,11 @@ def season_length(freq: str) -> int:
         nanos = int(offset.nanos)
     except ValueError:
         return 1
-    if nanos == _DAY_NS:
+    if nanos == DAY_NS:
         return 7
     # The daily cycle; for finer steps, whose day holds more than 1440, the minute's or the
     # second's (30s -> 2, 1s -> 60, 1ms -> 1000); none beyond that.
-    for cycle in (_DAY_NS, 60 * 10**9, 10**9):
+    for cycle in (DAY_NS, 60 * 10**9, 10**9):
         if nanos < cycle and cycle % nanos == 0 and cycle // nanos <= _MAX_SEASON:
             return int(cycle // nanos)
     return 1

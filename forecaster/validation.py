@@ -40,6 +40,7 @@ from forecaster.errors import (
     UnsortedTimestampsError,
 )
 from forecaster.time_axis import (
+    DAY_NS,
     HOUR_NS,
     add_offset,
     business_hours,
@@ -581,34 +582,47 @@ def _check_length(
         )
 
 
-def _warn_of_business_hours_among_hourly(
-    codes: np.ndarray, ds_i8: np.ndarray, uniques: pd.Index
+def _warn_of_weekday_series(
+    codes: np.ndarray, ds_i8: np.ndarray, uniques: pd.Index, step: int
 ) -> None:
-    """Series that keep business hours in a frame read as hourly (beside series read round
-    the clock) are read as hourly with their nights and weekends missing, and forecast through
-    them; with gaps allowed nothing else says so. Only series without a weekend reading are
-    looked at, each once (rows sorted by series)."""
+    """Series that keep business hours in a frame read as hourly, or business days in one read
+    as daily (beside series read round the clock or every day), are read with their nights and
+    weekends missing, and forecast through them; with gaps allowed nothing else says so. Only
+    series without a weekend reading are looked at, each once (rows sorted by series)."""
     weekend = on_weekend(ds_i8).astype(np.int64)
     candidates = np.flatnonzero(np.bincount(codes, weights=weekend, minlength=len(uniques)) == 0)
     if len(candidates) == 0:
         return
+    if step == HOUR_NS:
+        keeps, what, kind, missing = (
+            business_hours,
+            "business hours",
+            "hourly",
+            "nights and weekends",
+        )
+    else:
+        keeps, what, kind, missing = _business_days, "business days", "daily", "weekends"
     order = np.argsort(codes, kind="stable")
     starts = np.searchsorted(codes[order], candidates, side="left")
     ends = np.searchsorted(codes[order], candidates, side="right")
     found = [
-        k
-        for k, a, b in zip(candidates, starts, ends, strict=True)
-        if business_hours(ds_i8[order[a:b]]) is not None
+        k for k, a, b in zip(candidates, starts, ends, strict=True) if keeps(ds_i8[order[a:b]])
     ]
     if found:
         warnings.warn(
-            f"{len(found)} of {len(uniques)} series keep business hours (e.g. "
-            f"{str(uniques[found[0]])!r}) but are read as hourly, with nights and weekends "
-            "missing, beside series read round the clock; fit them apart to forecast their "
-            "next opening hours",
+            f"{len(found)} of {len(uniques)} series keep {what} (e.g. "
+            f"{str(uniques[found[0]])!r}) but are read as {kind}, with {missing} missing, "
+            f"beside series read {'round the clock' if step == HOUR_NS else 'every day'}; fit "
+            f"them apart to forecast their next {what}",
             UserWarning,
             stacklevel=4,
         )
+
+
+def _business_days(ds_i8: np.ndarray) -> bool:
+    """Whether one series' weekday-only timestamps step from a Friday to the Monday after:
+    business days (`time_axis.infer_offset` reads a frame of them as 'B')."""
+    return bool((np.diff(np.unique(ds_i8)) == 3 * DAY_NS).any())
 
 
 def _check_frequency(
@@ -622,8 +636,8 @@ def _check_frequency(
     """The offset every series follows, checking each one is on it (without gaps unless
     `allow_gaps`: then only timestamps off the grid are errors)."""
     offset = parse_freq(freq) if freq is not None else infer_offset(ds_i8, same, uniques, codes)
-    if freq is None and allow_gaps and fixed_nanos(offset) == HOUR_NS:
-        _warn_of_business_hours_among_hourly(codes, ds_i8, uniques)
+    if freq is None and allow_gaps and fixed_nanos(offset) in (HOUR_NS, DAY_NS):
+        _warn_of_weekday_series(codes, ds_i8, uniques, fixed_nanos(offset))
     bad = _off_grid(ds_i8, same, offset, allow_gaps)
     if bad is None:
         return offset

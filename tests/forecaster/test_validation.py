@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -553,3 +555,19 @@ def test_business_hours_beside_round_the_clock_series_are_warned_of():
     with pytest.warns(UserWarning, match="keep business hours \\(e.g. 'shop'\\)"):
         assert validate_long_frame(pd.concat([web, shop]), allow_missing=True).freq == "h"
     assert validate_long_frame(shop, allow_missing=True).freq == "bh"
+
+
+def test_business_days_beside_daily_series_are_warned_of():
+    """Fitted together, a market's business days are read as daily with their weekends
+    missing (and forecast through them); a weekday series too short to hold a weekend is not
+    named."""
+    daily = frame("D", n=60, ids=("sales",))
+    market = frame("B", n=40, ids=("market",), start="2024-01-01")
+    three = frame("B", n=3, ids=("new",), start="2024-01-02")  # Tue-Thu: no Friday to Monday
+    with pytest.warns(UserWarning, match="1 of 3 series keep business days \\(e.g. 'market'\\)"):
+        found = validate_long_frame(pd.concat([daily, market, three]), allow_missing=True)
+    assert found.freq == "D"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert validate_long_frame(pd.concat([daily, three]), allow_missing=True).freq == "D"
+    assert validate_long_frame(market, allow_missing=True).freq == "B"

@@ -377,7 +377,8 @@ class Forecaster:
             if mc.covariates:
                 frame = None if future_df is None else _frame(future_df)
                 if frame is not None and TIME in frame.columns:
-                    same_clock(df[TIME], frame[TIME])  # the column alone, frame or mapping
+                    # The column alone, of a frame or a mapping.
+                    frame = frame.assign(**{TIME: same_clock(df[TIME], frame[TIME])})
                 # The `horizon` steps asked for are required; the model reads H, and each
                 # series' later rows, where given, beat holding its last value. Per series, so
                 # that a forecast depends on no other series' rows.

@@ -151,10 +151,14 @@ def is_aware(col: pd.Series | np.ndarray) -> bool:
         return False  # not a timestamp: reading it names the problem
 
 
-def same_clock(history: pd.Series | np.ndarray, future: pd.Series | np.ndarray) -> None:
-    """Refuse future timestamps given with a zone when the history's have none, or the other
-    way round: naive times are read as they stand, aware ones as instants, so the two would
-    disagree by the zone's offset (every covariate an hour off in Paris)."""
+def same_clock(
+    history: pd.Series | np.ndarray, future: pd.Series | np.ndarray
+) -> pd.Series | np.ndarray:
+    """`future` timestamps on the history's clock: refused when given with a zone while the
+    history's have none, or the other way round (naive times are read as they stand, aware
+    ones as instants, so the two would disagree by the zone's offset: every covariate an
+    hour off in Paris); converted to the history's zone when both are aware columns of
+    different zones (daily data is read on that zone's wall clock)."""
     history_aware, future_aware = is_aware(history), is_aware(future)
     if history_aware != future_aware:
         with_zone = {True: "with a time zone or UTC offset", False: "without one"}
@@ -163,6 +167,11 @@ def same_clock(history: pd.Series | np.ndarray, future: pd.Series | np.ndarray) 
             f"{with_zone[history_aware]}; give both the same way",
             field=TIME,
         )
+    zone = getattr(pd.Series(history).dtype, "tz", None)
+    future_zone = getattr(getattr(future, "dtype", None), "tz", None)
+    if zone is not None and future_zone is not None and str(future_zone) != str(zone):
+        return pd.Series(future).dt.tz_convert(zone)
+    return future
 
 
 def on_weekend(ns: np.ndarray) -> np.ndarray:

@@ -794,6 +794,21 @@ def test_covariates_given_out_of_step_with_the_history_are_refused(with_promo):
     assert model.predict(aware, future_df=zoned)["mean"].notna().all()
 
 
+def test_a_daily_schedule_in_another_zone_is_read_on_the_historys_clock():
+    """Daily data is read on its zone's wall clock: a schedule of the same instants in UTC was
+    refused as missing (Berlin's midnight is 23:00 UTC the day before)."""
+    data = generate_synthetic(n_series=2, n_steps=120, freq="D", seed=2, with_covariates=True)
+    data = data.assign(ds=data["ds"].dt.tz_localize("Europe/Berlin"))
+    history = data.groupby("unique_id").head(112).reset_index(drop=True)
+    future = data.groupby("unique_id").tail(8).drop(columns="y").reset_index(drop=True)
+    config = ModelConfig(**{**TINY_MODEL, "covariates": (PROMO,)})
+    model = Forecaster(config, TrainConfig(**{**TINY_TRAIN, "max_epochs": 1})).fit(history)
+    in_utc = future.assign(ds=future["ds"].dt.tz_convert("UTC"))
+    pd.testing.assert_frame_equal(
+        model.predict(history, future_df=in_utc), model.predict(history, future_df=future)
+    )
+
+
 def test_covariate_values_the_model_cannot_read_are_refused_and_outages_are_not(with_promo):
     model, history, future = with_promo
     with pytest.raises(NonNumericValuesError, match=f"column '{PROMO}' is 1e\\+20") as error:

@@ -248,6 +248,11 @@ def read_timestamps(
         sid = str(ids[i])
         raw = col.iat[i]
         what = "is missing" if pd.isna(raw) else f"value {raw!r} is not a timestamp"
+        if not pd.isna(raw) and _mixes_zones(col, raw):
+            what = (
+                f"value {raw!r} is given without a time zone or UTC offset while other values "
+                "have one (or the other way round)"
+            )
         raise InvalidTimestampsError(
             f"series {sid!r}: {TIME} {what} at row {i}; expected a timestamp such as "
             "'2024-01-01 00:00'",
@@ -266,6 +271,18 @@ def read_timestamps(
         raise InvalidTimestampsError(
             f"{TIME} holds timestamps outside 1677-09-21..2262-04-11: {exc}", field=TIME
         ) from None
+
+
+def _mixes_zones(col: pd.Series, raw: object) -> bool:
+    """Whether `raw`, a value pandas did not read, is a timestamp given with a zone or offset
+    while the column's first or last value is one without (or the other way round): pandas
+    reads such a mix as NaT, not as timestamps."""
+    present = col.dropna()
+    try:
+        aware = {pd.Timestamp(v).tzinfo is not None for v in (raw, present.iat[0], present.iat[-1])}
+    except (ValueError, TypeError):
+        return False
+    return len(aware) == 2
 
 
 def _to_datetime(col: pd.Series) -> pd.Series:
@@ -562,7 +579,8 @@ def infer_offset(
         sid = str(uniques[0])
         raise FrequencyInferenceError(
             f"cannot infer a frequency: every series has a single timestamp (e.g. {sid!r}); "
-            "pass freq explicitly or give at least two points per series",
+            "give at least two points in some series (the frequency is read from the steps "
+            "between them)",
             series_id=sid,
             field=TIME,
         )

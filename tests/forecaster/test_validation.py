@@ -257,8 +257,9 @@ def test_gap_in_monthly_data():
 
 
 def test_frequency_cannot_be_inferred_from_single_points():
-    with pytest.raises(FrequencyInferenceError, match="single timestamp"):
+    with pytest.raises(FrequencyInferenceError, match="single timestamp") as info:
         validate_long_frame(frame(n=1))
+    assert "pass freq" not in str(info.value)  # fit takes none: the message asks for points
     # ...but a given freq makes single-point series valid.
     assert validate_long_frame(frame(n=1), freq="h").freq == "h"
 
@@ -571,3 +572,19 @@ def test_business_days_beside_daily_series_are_warned_of():
         warnings.simplefilter("error")
         assert validate_long_frame(pd.concat([daily, three]), allow_missing=True).freq == "D"
     assert validate_long_frame(market, allow_missing=True).freq == "B"
+
+
+def test_timestamps_with_and_without_a_zone_are_named_as_such():
+    """pandas reads the mix as NaT: the message called a valid timestamp 'not a timestamp'."""
+    aware = pd.date_range("2024-01-01", periods=24, freq="h", tz="Europe/Berlin")
+    naive = pd.date_range("2024-01-01", periods=24, freq="h")
+    df = pd.DataFrame(
+        {
+            "unique_id": ["a"] * 24 + ["b"] * 24,
+            "ds": pd.Series([*aware, *naive], dtype=object),
+            "y": 1.0,
+        }
+    )
+    with pytest.raises(InvalidTimestampsError, match="without a time zone or UTC offset") as info:
+        validate_long_frame(df)
+    assert info.value.series_id == "b"

@@ -465,8 +465,13 @@ def _as_float(
     if not finite.all():
         i = int(np.argmin(finite))
         sid = str(ids[i])
-        expected = "a finite number or NaN (missing)" if allow_nan else "a finite number"
-        advice = "" if allow_nan else "; fill or drop them before forecasting"
+        if isinstance(allow_nan, np.ndarray):  # missing only where allowed per row
+            expected = "a finite number, or missing where y is"
+            advice = "; fill or drop them before forecasting"
+        elif allow_nan:
+            expected, advice = "a finite number or NaN (missing)", ""
+        else:
+            expected, advice = "a finite number", "; fill or drop them before forecasting"
         raise MissingValuesError(
             f"series {sid!r}: column {name!r} is {values[i]} at {_ts(ds, i)} (row {i}); "
             f"expected {expected} ({int((~finite).sum())} such value(s) in all{advice})",

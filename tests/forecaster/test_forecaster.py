@@ -822,3 +822,9 @@ def test_covariate_values_the_model_cannot_read_are_refused_and_outages_are_not(
     pd.testing.assert_frame_equal(
         model.predict(outage, future_df=future), model.predict(dropped, future_df=future)
     )
+    # Missing (or infinite) where y is observed, it is refused naming the column.
+    for bad in (np.nan, np.inf):
+        gap = history.copy()
+        gap.loc[rows[0], PROMO] = bad
+        with pytest.raises(MissingValuesError, match=f"column '{PROMO}' is {bad}.*where y is"):
+            model.predict(gap, future_df=future)

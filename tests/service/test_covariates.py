@@ -71,6 +71,26 @@ def test_covariates_missing_or_short_name_the_field(promo_client, promo_model, p
     assert response.json()["series_id"] == "series_001"
 
 
+def test_a_covariate_missing_where_y_is_observed_is_422_naming_it(
+    promo_client, promo_model, promo_frame
+):
+    """It was a 500: the check of where a covariate may be missing raised numpy's 'truth value
+    of an array is ambiguous'."""
+    past, future = _split(promo_frame, "series_001", promo_model.context_length)
+    promo = past["promo"].tolist() + future["promo"].tolist()
+    promo[5] = None
+    series = {
+        "id": "series_001",
+        "timestamps": [t.isoformat() for t in past["ds"]],
+        "values": past["y"].tolist(),
+        "covariates": {"promo": promo},
+    }
+    response = promo_client.post("/v1/forecast", json={"series": [series]})
+    assert response.status_code == 422, response.text
+    assert response.json()["series_id"] == "series_001"
+    assert "'promo'" in response.json()["detail"]
+
+
 def test_covariates_the_model_does_not_have_are_422(promo_client, promo_model, promo_frame):
     past, future = _split(promo_frame, "series_001", promo_model.context_length)
     promo = past["promo"].tolist() + future["promo"].tolist()

@@ -151,6 +151,8 @@ class Forecaster:
         self, model_config: ModelConfig | None = None, train_config: TrainConfig | None = None
     ):
         self.model_config = model_config or ModelConfig()
+        # As given: each fit resolves what it leaves None (patch, season) from its own data.
+        self._given_model_config = self.model_config
         self.train_config = train_config or TrainConfig()
         self.device = resolve_device(self.train_config.device)
         self.model: PatchTransformer | None = None
@@ -209,19 +211,14 @@ class Forecaster:
         With `TrainConfig.replay_lr_factors` (a refit), every window of `df` trains and
         `val_df` is not used.
         """
-        mc = self.model_config
+        mc = self._given_model_config
         train = validate_long_frame(df, covariates=mc.covariates, allow_missing=True)
-        self.freq = train.freq
+        freq = train.freq
         if mc.patch_length is None:
-            mc = self.model_config = dataclasses.replace(
-                mc, patch_length=patch_length_for(train.freq)
-            )
+            mc = dataclasses.replace(mc, patch_length=patch_length_for(freq))
         if mc.season_length is None:
-            mc = self.model_config = dataclasses.replace(
-                mc, season_length=season_length(train.freq)
-            )
-        glitches = self._glitches(train)
-        self.training_glitches = _rows_frame(train, glitches)
+            mc = dataclasses.replace(mc, season_length=season_length(freq))
+        glitches = self._glitches(train, mc)
         masked = self.train_config.mask_training_glitches
         panel = SeriesPanel.from_validated(train, mc, glitches if masked else None)
         h = mc.prediction_length
@@ -231,11 +228,11 @@ class Forecaster:
             validated_val = validate_long_frame(
                 _observed_series(_frame(val_df)),
                 covariates=mc.covariates,
-                freq=self.freq,
+                freq=freq,
                 allow_missing=True,
             )
             val_panel = SeriesPanel.from_validated(
-                validated_val, mc, self._glitches(validated_val) if masked else None
+                validated_val, mc, self._glitches(validated_val, mc) if masked else None
             )
             # Windows whose context is the given history and whose targets are the val points.
             history = np.minimum(mc.context_length, np.maximum(np.diff(val_panel.offsets) - h, 1))
@@ -260,11 +257,15 @@ class Forecaster:
                 field="y",
             )
         seed_everything(self.train_config.seed)
-        self.model = PatchTransformer(mc)
-        result = train_model(self.model, train_set, val, self.train_config, callbacks)
+        model = PatchTransformer(mc)
+        result = train_model(model, train_set, val, self.train_config, callbacks)
         if held_out_tail and self.train_config.tail_epochs and result.kept_lr_factors:
-            result = self._train_on_tail(panel, result)
+            result = self._train_on_tail(model, panel, result)
+        # Only a fit that ends replaces what the forecaster holds: an interrupted or failed one
+        # leaves the model fitted before, or none, as it was.
+        self.model_config, self.freq, self.model, self._compiled = mc, freq, model, None
         self.train_result = dataclasses.replace(result, n_glitches=int(glitches.sum()))
+        self.training_glitches = _rows_frame(train, glitches)
         self.device = next(self.model.parameters()).device
         return self
 
@@ -281,7 +282,9 @@ class Forecaster:
             impute_padding=result.impute_padding if result else None,
         )
 
-    def _train_on_tail(self, panel: SeriesPanel, judged: TrainResult) -> TrainResult:
+    def _train_on_tail(
+        self, model: PatchTransformer, panel: SeriesPanel, judged: TrainResult
+    ) -> TrainResult:
         """Train the kept weights `tail_epochs` more epochs on every window of `panel`, the
         held-out tail's included, at the last learning rate of their path; the linear start,
         the quantile head and the interval factors stay as validation chose them. Returns
@@ -294,7 +297,7 @@ class Forecaster:
             interval_scale=judged.interval_scale,
             impute_padding=judged.impute_padding,
         )
-        windows = WindowSet(panel, panel.window_origins(self.model_config.prediction_length))
+        windows = WindowSet(panel, panel.window_origins(model.config.prediction_length))
         logger.info(
             "%d more epoch(s) on all %d windows, the validation tail's included",
             config.tail_epochs,
@@ -304,11 +307,11 @@ class Forecaster:
         # train on. Trained on, the head would learn the smaller in-sample errors and narrow
         # the bands below what validation measured (0.1-0.9 band on the M4 Hourly holdout:
         # 77.8 % trained, 80.3 % kept; aim 80 %).
-        head = self.model.quantile_head
+        head = model.quantile_head
         if head is not None:
             head.requires_grad_(False)
         try:
-            tail = train_model(self.model, windows, None, more, warm_start=True)
+            tail = train_model(model, windows, None, more, warm_start=True)
         finally:
             if head is not None:
                 head.requires_grad_(True)
@@ -772,15 +775,17 @@ class Forecaster:
             )
         return tuple(matched)
 
-    def _glitches(self, validated: ValidatedFrame) -> np.ndarray:
+    def _glitches(self, validated: ValidatedFrame, mc: ModelConfig | None = None) -> np.ndarray:
         """The rows of a validated history read as glitches (`TrainConfig.glitch_threshold`),
-        each series read whole: (rows,) bool."""
+        each series read whole, with the seasonal cycle of `mc` (this model's when None):
+        (rows,) bool."""
         tc = self.train_config
+        mc = mc or self.model_config
         return series_glitches(
             np.asarray(validated.columns["y"], dtype=np.float64),
             validated.offsets,
             tc.glitch_threshold,
-            self.model_config.season_length or 1,
+            mc.season_length or 1,
             tc.seasonal_glitch_factor,
             tc.zero_glitch_ratio,
         )

@@ -541,6 +541,40 @@ def test_non_negative_floors_every_forecast_at_zero_and_is_saved(fitted, series,
     assert Forecaster.load(tmp_path / "again").model_config.non_negative
 
 
+def test_an_interrupted_fit_leaves_the_model_fitted_before(series):
+    """A Ctrl-C (or a failing callback) mid-fit left the epoch's weights, uncalibrated bands
+    and the previous train_result in a forecaster that looked fitted."""
+    model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN)).fit(series)
+    before, result = model.predict(series), model.train_result
+
+    def interrupt(log):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        model.fit(series.assign(y=series["y"] * 2), callbacks=[interrupt])
+    pd.testing.assert_frame_equal(model.predict(series), before)
+    assert model.train_result is result
+    unfitted = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN))
+    with pytest.raises(KeyboardInterrupt):
+        unfitted.fit(series, callbacks=[interrupt])
+    assert not unfitted.is_fitted
+
+
+def test_a_second_fit_reads_its_own_data(series):
+    """Patch and season left to fit are resolved from each fit's data, not kept from the
+    first: daily data after hourly trained with hourly patches."""
+    daily = generate_synthetic(n_series=2, n_steps=120, freq="D", seed=1)
+    config = {**TINY_MODEL, "patch_length": None}
+    train = {**TINY_TRAIN, "max_epochs": 1}
+    model = Forecaster(ModelConfig(**config), TrainConfig(**train)).fit(series)
+    assert (model.model_config.patch_length, model.model_config.season_length) == (24, 24)
+    model.fit(daily)
+    fresh = Forecaster(ModelConfig(**config), TrainConfig(**train)).fit(daily)
+    assert model.model_config == fresh.model_config
+    assert model.model_config.season_length == 7
+    pd.testing.assert_frame_equal(model.predict(daily), fresh.predict(daily))
+
+
 def _with_gaps(series: pd.DataFrame) -> pd.DataFrame:
     """Series 0 loses three timestamps, series 1 gets NaNs, series 2 keeps only two points."""
     ids = series["unique_id"].unique()

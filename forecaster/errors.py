@@ -91,3 +91,8 @@ class MissingCovariatesError(ForecasterInputError):
 class ModelCodeMismatchError(RuntimeError):
     """A saved model forecasts differently under this code than under the code that saved it
     (its reference forecast does not reproduce): serving it would give other numbers."""
+
+
+class TrainingDivergedError(RuntimeError):
+    """Training reached a non-finite loss or weights: a replayed path (a refit, the tail
+    epochs) on this data, or a model that forecasts NaN, which is neither kept nor saved."""

@@ -40,6 +40,7 @@ from forecaster.errors import (
     MissingValuesError,
     ModelCodeMismatchError,
     SeriesTooShortError,
+    TrainingDivergedError,
     UnknownQuantileError,
 )
 from forecaster.glitches import mask_glitches, series_glitches
@@ -310,8 +311,13 @@ class Forecaster:
         head = model.quantile_head
         if head is not None:
             head.requires_grad_(False)
+        judged_state = {k: v.clone() for k, v in model.state_dict().items()}
         try:
             tail = train_model(model, windows, None, more, warm_start=True)
+        except TrainingDivergedError as exc:
+            logger.warning("%s: the weights validation judged are kept, without the tail", exc)
+            model.load_state_dict(judged_state)
+            return judged
         finally:
             if head is not None:
                 head.requires_grad_(True)
@@ -597,6 +603,11 @@ class Forecaster:
             "torch_version": torch.__version__,
         }
         reference = self._reference_forecast()
+        if not all(np.isfinite(values).all() for values in reference.values()):
+            raise TrainingDivergedError(
+                f"{path}: not saved: the model forecasts non-finite values (its weights hold "
+                "NaN or inf), expected finite forecasts"
+            )
         path.mkdir(parents=True, exist_ok=True)
         writes = {
             WEIGHTS_FILE: lambda target: save_file(state, target),

@@ -40,7 +40,7 @@ from forecaster.config import (
     ModelConfig,
     TrainConfig,
 )
-from forecaster.errors import InvalidConfigError
+from forecaster.errors import InvalidConfigError, TrainingDivergedError
 from forecaster.model import (
     NormalizedOutput,
     PatchTransformer,
@@ -592,6 +592,12 @@ def train_model(
             bar.set_postfix(loss=f"{running / seen:.4f}")
         bar.close()
         train_loss = _mean_across_ranks(running / max(seen, 1), world, device)
+        if is_replay and not math.isfinite(train_loss):
+            # A replay keeps its last weights whatever they are: NaN ones would forecast NaN.
+            raise TrainingDivergedError(
+                f"replayed epoch {epoch} of {n_epochs}: training loss {train_loss}, expected a "
+                "finite one; the path validation kept does not replay on this data"
+            )
         # Judged (and kept) with the averaged weights when there are any.
         with average.applied() if average is not None else nullcontext():
             val_loss = evaluate() if has_val else None

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 
 from forecaster import Forecaster
+from forecaster.errors import TrainingDivergedError
 from pipelines import tracking
 from pipelines.ingest import IngestResult
 from pipelines.promote import PREVIOUS_CHAMPION
@@ -39,15 +40,25 @@ def refit(
     client,
     run_id: str,
     model_name: str,
-) -> ModelRef:
-    """Train ``evaluated``'s configuration on all of ``data``, register it, make it champion."""
+) -> ModelRef | None:
+    """Train ``evaluated``'s configuration on all of ``data``, register it, make it champion;
+    None when the refit diverges (``evaluated_version`` stays champion, the run says why)."""
     model = evaluated.forecaster
     # The evaluated run kept epoch 0 (the linear start) when no epoch was kept: replaying no
     # epoch fits the linear start alone, on every window. The intervals' calibration is
     # replayed too: a refit holds no windows out to calibrate on.
     replay = model.refit_config()
     factors = replay.replay_lr_factors
-    refitted = Forecaster(model.model_config, replay).fit(data.frame)
+    try:
+        refitted = Forecaster(model.model_config, replay).fit(data.frame)
+    except TrainingDivergedError as exc:
+        # The evaluated version stays champion: it was judged, the refit would forecast NaN.
+        logger.warning(
+            "refit skipped, version %s stays @%s: %s", evaluated_version.version, CHAMPION, exc
+        )
+        with tracking.tracking_errors(client.tracking_uri):
+            client.set_tag(run_id, "refit_skipped", str(exc)[:5000])
+        return None
     logger.info(
         "refit version %s's configuration on all %d series up to %s: %d epoch(s)",
         evaluated_version.version,

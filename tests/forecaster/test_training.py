@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from forecaster import EpochLog, Forecaster, ModelConfig, TrainConfig, training
 from forecaster.config import HISTORY_EDGES, N_HISTORY_BANDS
+from forecaster.errors import TrainingDivergedError
 from forecaster.forecaster import _hold_out_tail
 from forecaster.model import PatchTransformer
 from forecaster.training import (
@@ -501,3 +502,34 @@ def test_the_weights_returned_are_the_ones_validation_judged(series):
     _, val = _hold_out_tail(panel, model.model_config.prediction_length)
     loss = evaluate_loss(model.model, val, config, model.device)
     assert loss == pytest.approx(result.best_val_loss, rel=1e-6)
+
+
+def test_a_replay_that_diverges_is_refused_and_the_tail_falls_back(series, tmp_path):
+    """A replay keeps its last weights: at a learning rate that diverges they were NaN, and the
+    refit forecast NaN (and saved, and was blamed on the code at load)."""
+    diverging = {**TINY_TRAIN, "learning_rate": 1e6, "replay_lr_factors": (1.0,)}
+    with pytest.raises(TrainingDivergedError, match="training loss nan"):
+        Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**diverging)).fit(series)
+    # The tail epoch after validation replays at the kept path's last rate: when it diverges
+    # the judged weights stay, and forecast what they did.
+    judged = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**{**TINY_TRAIN, "tail_epochs": 0}))
+    judged.fit(series)
+    tail = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN))
+    original = training.train_model
+
+    def diverging_tail(model, windows, val, config, *args, **kwargs):
+        if config.replay_lr_factors is not None:
+            config = dataclasses.replace(config, learning_rate=1e6)
+        return original(model, windows, val, config, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("forecaster.forecaster.train_model", diverging_tail)
+        tail.fit(series)
+    assert tail.train_result.tail is None
+    pd.testing.assert_frame_equal(tail.predict(series), judged.predict(series))
+    # A model whose weights hold NaN is not saved.
+    with torch.no_grad():
+        next(tail.model.parameters()).fill_(float("nan"))
+    with pytest.raises(TrainingDivergedError, match="not saved"):
+        tail.save(tmp_path / "nan")
+    assert not (tmp_path / "nan" / "model.safetensors").exists()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 import pytest
 
+from forecaster import Forecaster
 from forecaster.config import HISTORY_BANDS
 from pipelines.cli import main
 from pipelines.registry import load_version, resolve_model
@@ -79,3 +82,23 @@ def test_retrain_prints_the_refit(tmp_path, data_csv, capsys):
     assert "champion  forecaster v2" in out
     # rollback from a refit champion goes back past it, to nothing before the first champion
     assert main(["rollback", "--config", str(cfg)]) == 3
+
+
+def test_a_refit_that_diverges_leaves_the_evaluated_version_champion(tmp_path, monkeypatch):
+    """The refit goes straight to champion, unevaluated: one whose replay diverged would have
+    served NaN. It is skipped, the run says why, and the evaluated version stays champion."""
+    refit_config = Forecaster.refit_config
+
+    def diverging(self):
+        return dataclasses.replace(refit_config(self), learning_rate=1e6, replay_lr_factors=(1.0,))
+
+    monkeypatch.setattr(Forecaster, "refit_config", diverging)
+    result = retrain(make_settings(tmp_path, refit=True), synthetic())
+    assert result.decision.promoted and result.refit_version is None
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    champion = resolve_model("models:/forecaster@champion", tracking_uri=uri)
+    assert champion.version == result.version.version == "1"
+    tags = client_for(tmp_path).get_run(result.run_id).data.tags
+    assert "training loss nan" in tags["refit_skipped"]
+    versions = client_for(tmp_path).search_model_versions("name='forecaster'")
+    assert [str(v.version) for v in versions] == ["1"]  # nothing half-registered

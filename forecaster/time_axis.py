@@ -239,7 +239,7 @@ def read_timestamps(
     if parsed is None or (parsed.isna() & col.notna()).any():
         with_offsets = _with_offsets(col)
         if with_offsets is not None:
-            return read_datetimes(with_offsets, wall_clock=wall_clock)
+            return read_datetimes(with_offsets, wall_clock=wall_clock, ids=ids)
         if error is not None:
             raise error
     nat = parsed.isna().to_numpy()
@@ -267,9 +267,15 @@ def read_timestamps(
     try:
         # astype checks the bounds; to_numpy(dtype=...) would silently wrap around.
         return parsed.astype("datetime64[ns]").to_numpy(), on_wall
-    except (OverflowError, ValueError, pd.errors.OutOfBoundsDatetime) as exc:
+    except (OverflowError, ValueError, pd.errors.OutOfBoundsDatetime):
+        as_us = parsed.astype("datetime64[us]").to_numpy()  # microseconds hold any year
+        i = int(np.argmax((as_us < _MIN_US) | (as_us > _MAX_US)))
+        sid = str(ids[i])
         raise InvalidTimestampsError(
-            f"{TIME} holds timestamps outside 1677-09-21..2262-04-11: {exc}", field=TIME
+            f"series {sid!r}: {TIME} {col.iat[i]!r} at row {i} is outside the supported range "
+            f"{RANGE}",
+            series_id=sid,
+            field=TIME,
         ) from None
 
 
@@ -316,7 +322,8 @@ def parse_iso(values: Sequence[str]) -> np.ndarray | None:
     cannot read all of them (time zones, other formats: `parse_timestamps` then decides).
 
     Parsed at microsecond precision first, where years up to 294247 fit, so that a value past
-    the nanosecond range is an error instead of wrapping around.
+    the nanosecond range does not wrap around: None then too, and `parse_timestamps`, which
+    knows each value's series, names it.
     """
     if not all(isinstance(v, str) for v in values):
         return None
@@ -326,11 +333,13 @@ def parse_iso(values: Sequence[str]) -> np.ndarray | None:
             coarse = np.array(values, dtype="datetime64[us]")
     except (ValueError, TypeError, Warning):
         return None
+    if ((coarse < _MIN_US) | (coarse > _MAX_US)).any():
+        return None  # `parse_timestamps` names the series
     return _to_nanoseconds(coarse, values)
 
 
 def read_datetimes(
-    values: Sequence[datetime], *, wall_clock: bool | None = None
+    values: Sequence[datetime], *, wall_clock: bool | None = None, ids: np.ndarray | None = None
 ) -> tuple[np.ndarray, bool]:
     """Python datetimes as datetime64[ns], range-checked, and whether they were read on their
     wall clock: the fast road for timestamps a JSON parser already read.
@@ -342,9 +351,9 @@ def read_datetimes(
     if values and all(v.tzinfo is not None for v in values):
         wall = _microseconds([v.replace(tzinfo=None) for v in values])
         if on_wall_clock(wall) if wall_clock is None else wall_clock:
-            return _to_nanoseconds(wall, values), True
+            return _to_nanoseconds(wall, values, ids), True
     naive = [v.astimezone(UTC).replace(tzinfo=None) if v.tzinfo is not None else v for v in values]
-    return _to_nanoseconds(_microseconds(naive), values), False
+    return _to_nanoseconds(_microseconds(naive), values, ids), False
 
 
 def _with_offsets(col: pd.Series) -> list[datetime] | None:
@@ -364,14 +373,20 @@ def _microseconds(naive: Sequence[datetime]) -> np.ndarray:
     return pd.DatetimeIndex(naive).as_unit("us").to_numpy()
 
 
-def _to_nanoseconds(coarse: np.ndarray, values: Sequence[object]) -> np.ndarray:
+def _to_nanoseconds(
+    coarse: np.ndarray, values: Sequence[object], ids: np.ndarray | None = None
+) -> np.ndarray:
     """Microsecond timestamps as nanoseconds, or InvalidTimestampsError naming the first value
-    outside the range (`values`: what the caller sent, for the message)."""
+    outside the range (`values`: what the caller sent, and `ids` each one's series, for the
+    message)."""
     outside = (coarse < _MIN_US) | (coarse > _MAX_US)
     if outside.any():
+        i = int(np.argmax(outside))
+        sid = None if ids is None else str(ids[i])
         raise InvalidTimestampsError(
-            f"{TIME}: {str(values[int(np.argmax(outside))])!r} is outside the supported range "
-            f"{RANGE}",
+            ("" if sid is None else f"series {sid!r}: ")
+            + f"{TIME}: {str(values[i])!r} is outside the supported range {RANGE}",
+            series_id=sid,
             field=TIME,
         )
     return coarse.astype("datetime64[ns]")

@@ -16,6 +16,7 @@ from forecaster.time_axis import (
     freq_alias,
     on_wall_clock,
     parse_freq,
+    parse_iso,
     parse_timestamps,
     patch_length_for,
     read_datetimes,
@@ -328,3 +329,16 @@ def test_business_hours_other_than_pandas_default_keep_their_hours():
 )
 def test_business_hours_are_recognised_only_as_such(wall, expected):
     assert business_hours(wall.to_numpy()) == expected
+
+
+@pytest.mark.parametrize(
+    "sentinel", ["1500-01-01 00:00:00", "9999-12-31T00:00:00+02:00"], ids=["text", "offset"]
+)
+def test_a_timestamp_outside_the_range_names_its_series(sentinel):
+    """An export's sentinel date failed a whole batch job: the error named no series."""
+    first = "2024-01-01 00:00:00" if "+" not in sentinel else "2024-01-01T00:00:00+01:00"
+    col = pd.Series([first, first.replace("01 00", "01 01"), sentinel])
+    with pytest.raises(InvalidTimestampsError, match="series 'b'.*outside the supported") as info:
+        parse_timestamps(col, np.array(["a", "a", "b"], dtype=object))
+    assert info.value.series_id == "b"
+    assert parse_iso(["2024-01-01T00:00:00", "1500-01-01T00:00:00"]) is None

@@ -148,23 +148,25 @@ def test_bad_series_are_left_out_and_listed_the_others_forecast(client, history,
     bad.loc[bad["unique_id"] == "series_001", "y"] = np.nan
     bad["y"] = bad["y"].astype(object)
     bad.loc[bad.index[bad["unique_id"] == "series_003"][5], "y"] = "abc"
+    # Nor one stamped with an export's sentinel date, out of pandas' range: it failed the job.
     response = client.post(
         "/v1/batch-jobs",
-        content=bad.to_csv(index=False).encode(),
+        content=bad.to_csv(index=False).encode() + b"sentinel,9999-12-31 00:00:00,1.0\n",
         headers={"content-type": "text/csv"},
     )
     assert response.status_code == 202
     done = wait_for_job(client, response.json()["id"])
     assert done["status"] == "succeeded", done
-    assert (done["series_done"], done["series_failed"]) == (2, 2)
+    assert (done["series_done"], done["series_failed"]) == (2, 3)
     good = history[history["unique_id"].isin(["series_000", "series_002"])]
     result = client.get(done["result_url"])
     assert_same_forecast(read_result(result), expected(fitted, good))
     errors = pd.read_csv(io.BytesIO(client.get(done["errors_url"]).content))
     errors = errors.sort_values("unique_id").reset_index(drop=True)
-    assert errors["unique_id"].tolist() == ["series_001", "series_003"]
-    assert errors["field"].tolist() == ["y", "y"]
-    assert "'abc'" in errors["detail"].iloc[1]
+    assert errors["unique_id"].tolist() == ["sentinel", "series_001", "series_003"]
+    assert errors["field"].tolist() == ["ds", "y", "y"]
+    assert "outside the supported range" in errors["detail"].iloc[0]
+    assert "'abc'" in errors["detail"].iloc[2]
 
 
 def test_glitches_are_counted_and_listed_across_partitions(make_client, fitted, training_frame):

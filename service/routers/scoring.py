@@ -212,7 +212,9 @@ async def invocations(
         for k, chunk in enumerate(split)
     ]
     content = await run_online(request, batcher, chunks, render_mlflow, settings.request_timeout_s)
-    return Response(content, media_type="application/json")
+    # MLflow's body has no room for it; the alias may move between two requests.
+    who = {"X-Model-Name": served.identity.name, "X-Model-Version": served.identity.version}
+    return Response(content, media_type="application/json", headers=who)
 
 
 @router.get("/ping", summary="MLflow health check: 200 when a model is loaded")

@@ -32,12 +32,15 @@ def two_series(history):
     return history[history["unique_id"].isin(["series_000", "series_003"])].reset_index(drop=True)
 
 
-def test_dataframe_split_with_params(client, two_series, fitted):
+def test_dataframe_split_with_params(client, two_series, fitted, identity):
     split = {"columns": ["unique_id", "ds", "y"], "data": _records(two_series)}
     split["data"] = [[r["unique_id"], r["ds"], r["y"]] for r in split["data"]]
     body = {"dataframe_split": split, "params": {"horizon": 4, "quantiles": [0.5]}}
     response = client.post("/invocations", json=body)
     assert response.status_code == 200, response.text
+    # Which version answered: the alias may move between two requests.
+    assert response.headers["x-model-version"] == identity.version
+    assert response.headers["x-model-name"] == identity.name
     _check(response.json()["predictions"], fitted.predict(two_series, horizon=4, quantiles=[0.5]))
 
 

@@ -42,6 +42,19 @@ def _check_types(config: object) -> None:
     for field in dataclasses.fields(config):  # type: ignore[arg-type]
         value, hint = getattr(config, field.name), hints[field.name]
         _check(_is_a(value, hint), field.name, _describe(hint), value)
+        # NumPy numbers are taken, and kept as Python ones: JSON (save, MLflow params) and
+        # isinstance checks know those.
+        plain = _plain(value)
+        if plain is not value:
+            object.__setattr__(config, field.name, plain)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, tuple | list) and any(isinstance(v, np.generic) for v in value):
+        return type(value)(_plain(v) for v in value)
+    return value
 
 
 def _is_a(value: object, hint: Any) -> bool:

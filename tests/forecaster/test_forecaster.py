@@ -326,6 +326,18 @@ def test_a_model_saved_with_the_softmax_naive_head_loads_and_forecasts_as_before
     pd.testing.assert_frame_equal(older.predict(series), model.predict(series), check_exact=True)
 
 
+def test_a_config_of_numpy_numbers_trains_saves_and_loads(series, tmp_path):
+    """NumPy numbers were taken, trained on, and then failed save (not JSON), after the whole
+    training; an interval scale of np.float32 raised a TypeError."""
+    model_config = ModelConfig(**{**TINY_MODEL, "d_model": np.int64(16)})
+    train = {**TINY_TRAIN, "learning_rate": np.float32(1e-3), "max_epochs": np.int64(1)}
+    config = TrainConfig(**train, interval_scale=np.float32(2.0))
+    assert type(model_config.d_model) is int and config.interval_scale[0] == 2.0
+    model = Forecaster(model_config, config).fit(series)
+    loaded = Forecaster.load(model.save(tmp_path / "m"))
+    pd.testing.assert_frame_equal(loaded.predict(series), model.predict(series))
+
+
 def test_failed_save_leaves_the_saved_model_intact(fitted, series, tmp_path, monkeypatch):
     fitted.save(tmp_path / "model")
     before = {p.name: p.read_bytes() for p in (tmp_path / "model").iterdir()}

@@ -7,6 +7,8 @@ BIN := $(VENV)/bin
 # wheel (find-links) pip takes it, elsewhere PyPI's default build (CUDA on Linux).
 # Override for another build, e.g. TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126".
 TORCH_SPEC ?= torch==2.13.0
+# Where `make demo` serves (another port when 8000 is taken: make demo PORT=8001).
+PORT ?= 8000
 
 .PHONY: venv demo test lint bench clean
 
@@ -20,7 +22,7 @@ $(BIN)/.installed: pyproject.toml
 venv: $(BIN)/.installed
 
 demo: venv
-	$(BIN)/python -m service.demo
+	$(BIN)/python -m service.demo --port $(PORT)
 
 test: venv
 	$(BIN)/ruff check .
@@ -28,7 +30,7 @@ test: venv
 	$(BIN)/python -m pytest
 
 bench: venv
-	$(BIN)/python -m benchmarks.ltsf --data ../shared/data/ETTh1.csv --json benchmarks/results/etth1.json
+	$(BIN)/python -m benchmarks.ltsf --data ../shared/data/ETTh1.csv --json benchmarks/results/etth1_make_bench.json
 
 clean:
-	rm -rf $(VENV) mlruns mlartifacts mlflow.db
+	rm -rf $(VENV) mlruns mlartifacts mlflow.db data/service

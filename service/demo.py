@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -26,7 +27,15 @@ from pipelines.cli import main as pipelines_main
 
 def _abridge(values: list) -> list:
     """The first few values, rounded, for a readable printout."""
-    return [round(v, 2) if isinstance(v, float) else v for v in values[:6]] + ["..."]
+    shown = [round(v, 2) if isinstance(v, float) else v for v in values[:6]]
+    return shown + ["..."] if len(values) > len(shown) else shown
+
+
+def _port_free(port: int) -> bool:
+    """Whether nothing listens on 127.0.0.1:`port`: another service there would answer the
+    demo's requests in its place."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        return probe.connect_ex(("127.0.0.1", port)) != 0
 
 
 def _wait_ready(base_url: str, process: subprocess.Popen, timeout: float = 120.0) -> None:
@@ -50,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--no-serve", action="store_true", help="stop after retrain")
     args = parser.parse_args(argv)
+    if not args.no_serve and not _port_free(args.port):
+        raise SystemExit(
+            f"error: port {args.port} is in use (an earlier demo still running?); stop it, or "
+            f"run on another port: make demo PORT=8001"
+        )
 
     data = Path("data/demo.csv")
     data.parent.mkdir(exist_ok=True)

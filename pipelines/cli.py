@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import logging
 import sys
 import warnings
@@ -335,6 +336,12 @@ def predict_command(args: argparse.Namespace) -> int:
                 field="quantiles",
             ) from None
     if args.engine == "spark":
+        if importlib.util.find_spec("pyspark") is None:
+            raise InvalidConfigError(
+                "--engine spark needs pyspark, which is not installed; "
+                "pip install 'forecaster[spark]', or use --engine local",
+                field="engine",
+            )
         from pipelines.spark import predict_spark  # pyspark only when asked for
 
         summary = predict_spark(

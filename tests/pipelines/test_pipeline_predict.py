@@ -127,6 +127,24 @@ def test_unforecastable_history_and_bad_params_are_named(model_dir, history, tmp
     assert not (tmp_path / "o.csv").exists()
 
 
+def test_the_spark_engine_without_pyspark_exits_2_naming_the_extra(
+    model_dir, history, tmp_path, capsys, monkeypatch
+):
+    """A core install (no 'spark' extra) ended in a ModuleNotFoundError traceback, exit 1."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "pyspark" else find_spec(name, *a),
+    )
+    history.to_csv(tmp_path / "in.csv", index=False)
+    args = ["predict", "--model", str(model_dir), "--input", str(tmp_path / "in.csv")]
+    assert main([*args, "--output", str(tmp_path / "out"), "--engine", "spark"]) == 2
+    assert "pip install 'forecaster[spark]'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name", ["garbage.parquet", "garbage.csv.gz"])
 def test_an_unreadable_input_file_exits_2_naming_it(model_dir, tmp_path, capsys, name):
     (tmp_path / name).write_bytes(b"not a parquet file, nor gzip\n" * 10)

@@ -116,6 +116,12 @@ def _numbers(df: pd.DataFrame, column: object, time_column: str) -> pd.Series | 
     return numbers
 
 
+def ids_as_text(ids: pd.Series) -> pd.Series:
+    """Series ids as text, as a CSV reads them, a missing id kept missing (pandas 2 casts it to
+    the text 'nan', which would be trained and forecast as a series of that name)."""
+    return ids.astype("str").mask(ids.isna())
+
+
 def read_wide_csv(path: str | Path, time_column: str = "date") -> pd.DataFrame:
     """A wide CSV (e.g. ETTh1.csv: `date` plus one column per variable) as a long frame."""
     return wide_to_long(_read(Path(path)), time_column=time_column)
@@ -131,7 +137,7 @@ def load_frame(path: str | Path, *, time_column: str | None = None) -> pd.DataFr
     path = Path(path)
     df = _read(path)
     if {ID, TIME, TARGET} <= set(df.columns) and time_column in (None, TIME):
-        df[ID] = df[ID].astype("str")
+        df[ID] = ids_as_text(df[ID])
         df[TIME] = parse_timestamps(df[TIME], df[ID].to_numpy(dtype=object))
         return df
     column = time_column or "date"

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from forecaster import Forecaster
-from forecaster.data import csv_reading, load_frame, reading
+from forecaster.data import csv_reading, ids_as_text, load_frame, reading
 from forecaster.errors import EmptyDataError, ForecasterInputError, MissingColumnsError
 from forecaster.outputs import ForecastArrays
 from forecaster.time_axis import in_zone, zone_of
@@ -116,7 +116,7 @@ def read_chunks(
         def parquet_chunks() -> Iterator[pd.DataFrame]:
             for batch in file.iter_batches(batch_size=rows, columns=list(columns)):
                 frame = batch.to_pandas()
-                frame[ID] = frame[ID].astype("str")  # as the CSV reader reads them
+                frame[ID] = ids_as_text(frame[ID])  # as the CSV reader reads them
                 yield frame
 
         return _checked(path, parquet_chunks()), file.metadata.num_rows

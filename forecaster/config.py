@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from forecaster.data import quantile_column
 from forecaster.errors import InvalidConfigError
 from forecaster.time_axis import CALENDAR_FEATURES
 
@@ -225,6 +226,13 @@ class ModelConfig:
             all(0.0 < q < 1.0 for q in quantiles) and len(set(quantiles)) == len(quantiles),
             "quantiles",
             "distinct values strictly between 0 and 1",
+            self.quantiles,
+        )
+        names = [quantile_column(q) for q in quantiles]
+        _check(
+            len(set(names)) == len(names),
+            "quantiles",
+            "levels whose forecast columns differ (q0.1 and q0.1000001 are both 'q0.1')",
             self.quantiles,
         )
         object.__setattr__(self, "quantiles", tuple(sorted(quantiles)))

@@ -497,6 +497,8 @@ def test_linear_start_ridge_is_judged_by_the_validation_loss(tiny_config, loss, 
         ("patch_length", 0, "patch_length: expected None or >= 1, got 0"),
         ("season_length", 0, "season_length: expected None or >= 1, got 0"),
         ("quantiles", (0.5, 1.5), "quantiles: expected distinct values strictly between 0 and 1"),
+        # Both 'q0.1': one trained level's column silently replaced the other's.
+        ("quantiles", (0.1, 0.1000001), "quantiles: expected levels whose forecast columns"),
         ("loss", "rmse", "loss: expected mae or mse or huber, got 'rmse'"),
         ("loss_unit", "mad", "loss_unit: expected rms or std, got 'mad'"),
         ("naive_blend", "relu", "naive_blend: expected gates or softmax, got 'relu'"),

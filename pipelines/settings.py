@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import typing
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -247,6 +248,14 @@ def _build(cls: type, overrides: dict[str, Any], section: str) -> Any:
         raise ValueError(
             f"{section}: unknown {cls.__name__} field(s) {unknown}; expected some of {sorted(known)}"
         )
+    # Pydantic would read a boolean as 1 in a number field: YAML reads yes, on and true so.
+    hints = typing.get_type_hints(cls)
+    for name, value in overrides.items():
+        if isinstance(value, bool) and "bool" not in str(hints[name]):
+            raise ValueError(
+                f"{section}: {name}: expected {getattr(hints[name], '__name__', hints[name])}, "
+                f"got {value!r} (YAML reads yes, no, on and off as booleans)"
+            )
     try:
         # Pydantic coerces strings from the environment ("96" -> 96) and then the dataclass
         # validates itself in __post_init__.

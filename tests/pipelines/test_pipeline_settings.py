@@ -84,6 +84,10 @@ def test_yaml_file_problems_are_named(tmp_path):
     bad.write_text("- a list\n")
     with pytest.raises(InvalidConfigError, match="mapping"):
         PipelineSettings.load(bad)
+    # YAML reads `yes` as true, which pydantic read as 1 in a number field: a 1-step context.
+    bad.write_text("model:\n  context_length: yes\n")
+    with pytest.raises(InvalidConfigError, match="context_length: expected int, got True"):
+        PipelineSettings.load(bad)
 
 
 def test_the_demo_configuration_builds_the_model_it_names():

@@ -267,9 +267,14 @@ def read_timestamps(
     try:
         # astype checks the bounds; to_numpy(dtype=...) would silently wrap around.
         return parsed.astype("datetime64[ns]").to_numpy(), on_wall
-    except (OverflowError, ValueError, pd.errors.OutOfBoundsDatetime):
+    except (OverflowError, ValueError, pd.errors.OutOfBoundsDatetime) as exc:
         as_us = parsed.astype("datetime64[us]").to_numpy()  # microseconds hold any year
-        i = int(np.argmax((as_us < _MIN_US) | (as_us > _MAX_US)))
+        outside = (as_us < _MIN_US) | (as_us > _MAX_US)
+        if not outside.any():
+            raise InvalidTimestampsError(
+                f"{TIME} could not be read as timestamps in {RANGE}: {exc}", field=TIME
+            ) from None
+        i = int(np.argmax(outside))
         sid = str(ids[i])
         raise InvalidTimestampsError(
             f"series {sid!r}: {TIME} {col.iat[i]!r} at row {i} is outside the supported range "

@@ -22,7 +22,13 @@ from forecaster.data import quantile_column
 from forecaster.errors import ForecasterInputError, SeriesTooShortError
 from forecaster.forecaster import ModelInputs
 from forecaster.outputs import ForecastArrays
-from forecaster.time_axis import read_datetimes, regular_range, steps_after, wall_clock_for
+from forecaster.time_axis import (
+    parse_freq,
+    read_datetimes,
+    regular_range,
+    steps_after,
+    wall_clock_for,
+)
 from forecaster.validation import series_codes
 from service.errors import InvalidInputError
 from service.model_manager import ServedModel
@@ -206,6 +212,14 @@ def request_frames(
             if s.timestamps is None:
                 field = "freq" if exc.field == "freq" else "start"
             raise _series_error(exc, i, s.id, field) from None
+        if s.freq is not None and parse_freq(s.freq) != parse_freq(model_freq):
+            # daily values on an hourly model's grid would read as hours with gaps between
+            raise InvalidInputError(
+                f"series {s.id!r} (series[{i}].freq): expected the model's frequency "
+                f"{model_freq!r}, got {s.freq!r}",
+                field=f"series[{i}].freq",
+                series_id=s.id,
+            )
         ids.append(np.full(n, s.id, dtype=object))
         stamps.append(ds)
         values.append(np.array(s.values, dtype=np.float64))  # None becomes NaN: the core says

@@ -46,7 +46,10 @@ class SeriesIn(BaseModel):
         "for a freq of whole days or coarser, in UTC for a shorter one.",
     )
     freq: str | None = Field(
-        None, max_length=32, description="pandas offset alias such as 'h', 'D', '15min'."
+        None,
+        max_length=32,
+        description="The model's frequency as a pandas offset alias ('h', '60min', 'D', ...); "
+        "another frequency is refused.",
     )
     covariates: dict[str, list[float | None]] | None = Field(
         None,

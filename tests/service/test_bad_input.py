@@ -39,6 +39,8 @@ def _break(payload, how):
         s = {"id": "series_002", "start": "2024-01-01", "freq": "fortnightly", "values": [1.0] * 60}
     elif how == "wrong_freq":
         s = {"id": "series_002", "start": "2024-01-01", "freq": "D", "values": s["values"]}
+    elif how == "coarser_freq":  # on the hour, so on the model's grid too
+        s = {"id": "series_002", "start": "2024-01-01", "freq": "2h", "values": s["values"]}
     elif how == "off_grid_start":  # a Monday, for weekly data on Sundays
         s = {"id": "series_002", "start": "2024-01-01", "freq": "W-SUN", "values": s["values"]}
     elif how == "both_timestamps_and_start":
@@ -59,7 +61,8 @@ CASES = {
     "length_mismatch": (422, "series[1]"),
     "bad_timestamp": (422, "series[1].timestamps[2]"),
     "bad_freq": (422, "series[1].freq"),
-    "wrong_freq": (422, "series[1].start"),
+    "wrong_freq": (422, "series[1].freq"),
+    "coarser_freq": (422, "series[1].freq"),
     "off_grid_start": (422, "series[1].start"),
     "both_timestamps_and_start": (422, "series[1]"),
     "neither": (422, "series[1]"),

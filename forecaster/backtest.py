@@ -134,6 +134,7 @@ def backtest(
             min_length=required,
             freq=getattr(model, "freq", None),
             allow_missing=True,
+            wall_clock=getattr(model, "wall_clock", None),
         )
     except SeriesTooShortError as exc:
         raise SeriesTooShortError(

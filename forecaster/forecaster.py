@@ -54,6 +54,7 @@ from forecaster.time_axis import (
     season_length,
     shift,
     steps_after,
+    wall_clock_for,
     zone_of,
 )
 from forecaster.training import (
@@ -160,6 +161,9 @@ class Forecaster:
         # (model, torch.compile(model)) when TrainConfig.compile: compiled once, for predict.
         self._compiled: tuple[PatchTransformer, torch.nn.Module] | None = None
         self.freq: str | None = None
+        # How fit read its aware `ds` (True: on the wall clock, False: in UTC); None after a
+        # fit on naive `ds`, for which the frequency decides (`wall_clock`).
+        self._fitted_wall_clock: bool | None = None
         self.train_result: TrainResult | None = None
         # The readings of fit's `df` that the glitch rule finds (`unique_id`, `ds`), left out
         # of training with TrainConfig.mask_training_glitches; None until fit, and after load.
@@ -188,6 +192,16 @@ class Forecaster:
     def covariates(self) -> tuple[str, ...]:
         """Known-future covariate columns every forecast needs, history and future alike."""
         return self.model_config.covariates
+
+    @property
+    def wall_clock(self) -> bool:
+        """Whether aware timestamps are read on their wall clock (local dates) rather than in
+        UTC: as fit read its aware data, so that daily data stamped at UTC midnight in a local
+        zone (01:00 in Berlin, 02:00 in summer) is forecast as it was fitted; after a fit on
+        naive data, as the frequency says (`time_axis.wall_clock_for`)."""
+        if self._fitted_wall_clock is not None:
+            return self._fitted_wall_clock
+        return bool(wall_clock_for(self.freq))
 
     @property
     def is_fitted(self) -> bool:
@@ -231,6 +245,7 @@ class Forecaster:
                 covariates=mc.covariates,
                 freq=freq,
                 allow_missing=True,
+                wall_clock=train.wall_clock,
             )
             val_panel = SeriesPanel.from_validated(
                 validated_val, mc, self._glitches(validated_val, mc) if masked else None
@@ -265,6 +280,7 @@ class Forecaster:
         # Only a fit that ends replaces what the forecaster holds: an interrupted or failed one
         # leaves the model fitted before, or none, as it was.
         self.model_config, self.freq, self.model, self._compiled = mc, freq, model, None
+        self._fitted_wall_clock = train.wall_clock
         self.train_result = dataclasses.replace(result, n_glitches=int(glitches.sum()))
         self.training_glitches = _rows_frame(train, glitches)
         self.device = next(self.model.parameters()).device
@@ -341,7 +357,7 @@ class Forecaster:
         levels = self.check_quantiles(quantiles)
         inputs = self.prepare(df, future_df, horizon)
         forecast = self.forecast(inputs).select(horizon, levels).to_frame()
-        return _in_callers_types(forecast, df, self.freq)
+        return _in_callers_types(forecast, df, self.wall_clock)
 
     def prepare(
         self,
@@ -358,7 +374,11 @@ class Forecaster:
         horizon = self.check_horizon(horizon)
         mc = self.model_config
         validated: ValidatedFrame = validate_long_frame(
-            df, covariates=mc.covariates, freq=self.freq, allow_missing=True
+            df,
+            covariates=mc.covariates,
+            freq=self.freq,
+            allow_missing=True,
+            wall_clock=self.wall_clock,
         )
         panel = SeriesPanel.from_validated(validated, mc)
         gathered = gather_windows(panel, panel.last_origins(), mc.context_length, 0)
@@ -538,7 +558,11 @@ class Forecaster:
         self._require_model()
         mc = self.model_config
         validated = validate_long_frame(
-            df, covariates=mc.covariates, freq=self.freq, allow_missing=True
+            df,
+            covariates=mc.covariates,
+            freq=self.freq,
+            allow_missing=True,
+            wall_clock=self.wall_clock,
         )
         panel = SeriesPanel.from_validated(validated, mc)
         origins = panel.window_origins(mc.prediction_length, min_context=mc.context_length)
@@ -599,6 +623,7 @@ class Forecaster:
             "model_config": config_to_dict(self.model_config),
             "train_config": config_to_dict(self.train_config),
             "freq": self.freq,
+            "wall_clock": self._fitted_wall_clock,
             "training": training,
             "torch_version": torch.__version__,
         }
@@ -661,6 +686,7 @@ class Forecaster:
             config_from_dict(TrainConfig, train_values),
         )
         forecaster.freq = meta["freq"]
+        forecaster._fitted_wall_clock = meta.get("wall_clock")  # absent before it was saved
         model = PatchTransformer(forecaster.model_config)
         state = load_file(path / WEIGHTS_FILE)
         # A model saved before intervals were calibrated was used with a scale of 1, one saved
@@ -846,7 +872,7 @@ class Forecaster:
 
 
 def _in_callers_types(
-    forecast: pd.DataFrame, df: pd.DataFrame | Mapping[str, np.ndarray], freq: str
+    forecast: pd.DataFrame, df: pd.DataFrame | Mapping[str, np.ndarray], wall_clock: bool
 ) -> pd.DataFrame:
     """The forecast with the ids and timestamps typed as in `df`: inside, ids are strings and
     timestamps tz-naive; a caller's integer or categorical ids or tz-aware `ds` come back as
@@ -859,9 +885,9 @@ def _in_callers_types(
         first = ~text.duplicated().to_numpy()
         by_text = pd.Series(given_ids.to_numpy()[first], index=text.to_numpy()[first])
         forecast[ID] = pd.array(by_text.loc[forecast[ID]].to_numpy(), dtype=given_ids.dtype)
-    zone = zone_of(df[TIME], freq)
+    zone = zone_of(df[TIME], wall_clock)
     if zone is not None:
-        forecast[TIME] = in_zone(forecast[TIME], zone, freq)
+        forecast[TIME] = in_zone(forecast[TIME], zone, wall_clock)
     return forecast
 
 

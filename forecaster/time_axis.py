@@ -85,8 +85,9 @@ def wall_clock_for(freq: str | None) -> bool | None:
     calendar units (True), in UTC for shorter ones (False); None when the frequency is not
     known yet (a frame to fit on), and `on_wall_clock` decides from the values.
 
-    A model's frequency settles it for everything it forecasts, so a history of a single
-    timestamp, or a chunk of a file, reads as the data it was fitted on."""
+    A model's frequency settles it for everything a model fitted on naive timestamps
+    forecasts, so a history of a single timestamp, or a chunk of a file, reads as its data
+    would; a model fitted on aware ones reads as it read them (`Forecaster.wall_clock`)."""
     if freq is None:
         return None
     offset = parse_freq(freq)
@@ -96,12 +97,12 @@ def wall_clock_for(freq: str | None) -> bool | None:
     return nanos is None or nanos % DAY_NS == 0
 
 
-def in_zone(ds: pd.Series, zone: Any, freq: str) -> pd.Series:
-    """Naive timestamps on `freq`'s grid, as a model of `freq` reads aware ones
-    (`wall_clock_for`), back in time zone `zone`: local dates localised (a time a
+def in_zone(ds: pd.Series, zone: Any, wall_clock: bool) -> pd.Series:
+    """Naive timestamps, read on their wall clock or in UTC as a model reads aware ones
+    (`Forecaster.wall_clock`), back in time zone `zone`: local dates localised (a time a
     daylight-saving change skips moves on to the next valid one, a repeated one takes
     standard time), UTC instants converted."""
-    if wall_clock_for(freq):
+    if wall_clock:
         # False per value: the form pandas documents for "standard time".
         return ds.dt.tz_localize(
             zone, nonexistent="shift_forward", ambiguous=np.zeros(len(ds), dtype=bool)
@@ -122,14 +123,15 @@ def on_wall_clock(wall: np.ndarray) -> bool:
     return bool((time_of_day == time_of_day[0]).all()) or business_hours(wall) is not None
 
 
-def zone_of(col: pd.Series | np.ndarray, freq: str) -> Any:
-    """The time zone forecasts on `freq` of a history whose `ds` is `col` come back in
-    (`in_zone`): an aware column's own; UTC for text or datetimes with UTC offsets read in
-    UTC (`wall_clock_for`), so that the instants are labelled rather than left naive (no zone
-    name came with them, and their offsets may change); None for naive input and for such
-    offsets on local dates, which stay naive."""
+def zone_of(col: pd.Series | np.ndarray, wall_clock: bool) -> Any:
+    """The time zone the forecasts of a history whose `ds` is `col` come back in (`in_zone`),
+    for a model that reads aware timestamps on their wall clock or in UTC (`wall_clock`): an
+    aware column's own; UTC for text or datetimes with UTC offsets read in UTC, so that the
+    instants are labelled rather than left naive (no zone name came with them, and their
+    offsets may change); None for naive input and for such offsets on local dates, which stay
+    naive."""
     zone = getattr(pd.Series(col).dtype, "tz", None)
-    if zone is None and not wall_clock_for(freq) and is_aware(col):
+    if zone is None and not wall_clock and is_aware(col):
         return "UTC"
     return zone
 
@@ -210,16 +212,16 @@ def parse_timestamps(
 
 def read_timestamps(
     col: pd.Series | np.ndarray, ids: np.ndarray | None = None, *, wall_clock: bool | None = None
-) -> tuple[np.ndarray, bool]:
+) -> tuple[np.ndarray, bool | None]:
     """`ds` as a tz-naive datetime64[ns] numpy array, and whether it was read on its zone's wall
-    clock (False for naive input).
+    clock (None for naive input, which has no zone to read).
 
     Aware input is read on its wall clock or in UTC as `on_wall_clock` decides, or as
     `wall_clock` says (a frame that must be read as another one was, a single start).
     `ids` (the series id of each row) only serves the error message.
     """
     if isinstance(col, np.ndarray) and col.dtype == _NS and not np.isnat(col).any():
-        return col, False  # already what this returns (the service's road)
+        return col, None  # already what this returns (the service's road)
     col = pd.Series(col)
     if ids is None:
         ids = pd.array(["series"] * len(col), dtype="str")
@@ -259,7 +261,7 @@ def read_timestamps(
             series_id=sid,
             field=TIME,
         )
-    on_wall = False
+    on_wall = None
     if isinstance(parsed.dtype, pd.DatetimeTZDtype):
         wall = parsed.dt.tz_localize(None)
         on_wall = on_wall_clock(wall.to_numpy()) if wall_clock is None else wall_clock
@@ -345,9 +347,9 @@ def parse_iso(values: Sequence[str]) -> np.ndarray | None:
 
 def read_datetimes(
     values: Sequence[datetime], *, wall_clock: bool | None = None, ids: np.ndarray | None = None
-) -> tuple[np.ndarray, bool]:
+) -> tuple[np.ndarray, bool | None]:
     """Python datetimes as datetime64[ns], range-checked, and whether they were read on their
-    wall clock: the fast road for timestamps a JSON parser already read.
+    wall clock (None when none is aware): the fast road for timestamps a JSON parser already read.
 
     Aware ones (usually fixed offsets such as +01:00, which change at daylight-saving changes)
     are read on their wall clock when all are aware and `on_wall_clock` (or `wall_clock`) says
@@ -357,8 +359,9 @@ def read_datetimes(
         wall = _microseconds([v.replace(tzinfo=None) for v in values])
         if on_wall_clock(wall) if wall_clock is None else wall_clock:
             return _to_nanoseconds(wall, values, ids), True
+    aware = any(v.tzinfo is not None for v in values)
     naive = [v.astimezone(UTC).replace(tzinfo=None) if v.tzinfo is not None else v for v in values]
-    return _to_nanoseconds(_microseconds(naive), values, ids), False
+    return _to_nanoseconds(_microseconds(naive), values, ids), False if aware else None
 
 
 def _with_offsets(col: pd.Series) -> list[datetime] | None:
@@ -398,17 +401,24 @@ def _to_nanoseconds(
 
 
 def regular_range(
-    start: datetime | str | pd.Timestamp, periods: int, freq: str, roll_forward: bool = True
+    start: datetime | str | pd.Timestamp,
+    periods: int,
+    freq: str,
+    roll_forward: bool = True,
+    wall_clock: bool | None = None,
 ) -> np.ndarray:
     """``periods`` timestamps on ``freq`` from ``start``, as ``datetime64[ns]``.
 
     A start off an anchored grid (a Monday for "W-SUN", mid-month for "ME") is rolled forward
     onto it, as ``pd.date_range`` does, or with ``roll_forward=False`` is an
     `InvalidTimestampsError` (a user's start that means a point in time). An aware start is
-    read as `wall_clock_for(freq)` says.
+    read on its wall clock or in UTC as `wall_clock` says (a model's reading), by default as
+    `wall_clock_for(freq)` says.
     """
     offset = parse_freq(freq)
-    given = parse_timestamps(pd.Series([start]), wall_clock=wall_clock_for(freq))
+    if wall_clock is None:
+        wall_clock = wall_clock_for(freq)
+    given = parse_timestamps(pd.Series([start]), wall_clock=wall_clock)
     first = np.array([offset.rollforward(pd.Timestamp(given[0]))], dtype=_NS)
     if not roll_forward and first[0] != given[0]:
         raise InvalidTimestampsError(

@@ -81,9 +81,9 @@ class ValidatedFrame:
     freq: str  # pandas offset alias, e.g. "h", "D", "15min", "MS", "W-SUN"
     series_ids: list[str]  # one per series, in row order
     offsets: np.ndarray  # (n_series + 1,) first row of each series, then the row count
-    # Aware `ds` read on its zone's wall clock (`time_axis.on_wall_clock`), not in UTC: a
-    # future frame, which may hold a single step, is read the same way.
-    wall_clock: bool = False
+    # Aware `ds` read on its zone's wall clock (`time_axis.on_wall_clock`), not in UTC; None
+    # for naive `ds`. A future frame, which may hold a single step, is read the same way.
+    wall_clock: bool | None = None
 
     @property
     def n_series(self) -> int:
@@ -106,6 +106,7 @@ def validate_long_frame(
     freq: str | None = None,
     target: str = TARGET,
     allow_missing: bool = False,
+    wall_clock: bool | None = None,
 ) -> ValidatedFrame:
     """Check a long frame (`unique_id`, `ds`, target, covariates) and return it normalised.
 
@@ -119,6 +120,9 @@ def validate_long_frame(
         allow_missing: a NaN target, or a timestamp missing from a series' regular grid, is a
             missing value (a row with `y` NaN in the result, covariates 0) instead of an
             error. The model masks them. A series needs at least one observed value.
+        wall_clock: read aware timestamps on their wall clock (True) or in UTC (False), as a
+            fitted model read its data (`Forecaster.wall_clock`); when None, as
+            `time_axis.wall_clock_for(freq)` says.
 
     Raises:
         EmptyDataError, MissingColumnsError, InvalidTimestampsError, NonNumericValuesError,
@@ -129,7 +133,9 @@ def validate_long_frame(
     columns = _required_columns(df, [ID, TIME, target, *covariates])
 
     ids, codes, uniques = series_codes(columns[ID])
-    ds, wall_clock = read_timestamps(columns[TIME], ids, wall_clock=wall_clock_for(freq))
+    if wall_clock is None:
+        wall_clock = wall_clock_for(freq)
+    ds, wall_clock = read_timestamps(columns[TIME], ids, wall_clock=wall_clock)
     values = {
         target: _as_float(columns[target], name=target, ids=ids, ds=ds, allow_nan=allow_missing)
     }

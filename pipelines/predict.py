@@ -202,9 +202,11 @@ def forecast_batch(
     return forecaster.forecast(forecaster.prepare(history, future, steps)).select(steps, levels)
 
 
-def _zoned(frame: pd.DataFrame, zone: Any, freq: str) -> pd.DataFrame:
+def _zoned(frame: pd.DataFrame, zone: Any, wall_clock: bool) -> pd.DataFrame:
     """`frame`'s naive ds in time zone `zone` (see time_axis.in_zone); as is when None."""
-    return frame if zone is None else frame.assign(**{TIME: in_zone(frame[TIME], zone, freq)})
+    if zone is None:
+        return frame
+    return frame.assign(**{TIME: in_zone(frame[TIME], zone, wall_clock)})
 
 
 def check_paths(
@@ -303,13 +305,13 @@ def predict_file(
         for batch in whole_series_chunks(chunks, chunk_series):
             forecast = forecast_batch(forecaster, batch, horizon=horizon, quantiles=quantiles)
             # An aware ds comes back in its zone, as from Forecaster.predict.
-            zone = zone_of(batch[TIME], forecaster.freq)
-            writer.write(_zoned(forecast.to_frame(), zone, forecaster.freq))
+            zone = zone_of(batch[TIME], forecaster.wall_clock)
+            writer.write(_zoned(forecast.to_frame(), zone, forecaster.wall_clock))
             counts = np.fromiter((len(g) for g in forecast.glitches), dtype=np.int64)
             n_glitches += int(counts.sum())
             n_glitched_series += int((counts > 0).sum())
             if glitch_writer is not None:
-                glitch_writer.write(_zoned(forecast.glitch_frame(), zone, forecaster.freq))
+                glitch_writer.write(_zoned(forecast.glitch_frame(), zone, forecaster.wall_clock))
             if log is not None:
                 log.append(records(forecast, model_name=ref.name, model_version=ref.version))
             n_series += int(batch[ID].nunique())

@@ -48,7 +48,7 @@ import forecaster.errors as forecaster_errors
 from forecaster import Forecaster
 from forecaster.data import MISSING_TOKENS
 from forecaster.errors import EmptyDataError, ForecasterInputError, MissingColumnsError
-from forecaster.time_axis import in_zone, regular_range, wall_clock_for
+from forecaster.time_axis import in_zone, regular_range
 from forecaster.validation import ID, TARGET, TIME, parse_timestamps
 from pipelines.predict import (
     _CSV,
@@ -434,7 +434,7 @@ def predict_spark(
             field="input",
         ) from None
     zone = _parquet_time_zone(input_path)
-    if zone is not None and wall_clock_for(forecaster.freq):
+    if zone is not None and forecaster.wall_clock:
         from pyspark.sql import functions as F
 
         # Spark reads an aware column as instants (the session runs in UTC) and drops its
@@ -459,7 +459,7 @@ def predict_spark(
         forecasts = forecasts.persist()  # one job: the forecasts, then their glitches
     output = forecasts.drop(_GLITCHES)
     if zone is not None:
-        output = output.withColumn(TIME, _as_instants(TIME, zone, forecaster.freq))
+        output = output.withColumn(TIME, _as_instants(TIME, zone, forecaster.wall_clock))
     try:
         with worker_errors(), _replaced_on_success(output_path) as written:
             output.write.mode("overwrite").parquet(written)
@@ -467,7 +467,7 @@ def predict_spark(
             if n_rows == 0:
                 raise EmptyDataError(f"input {input_path}: no forecasts were produced: no series")
             if glitch_writer is not None:
-                listed = _write_glitches(glitch_writer, forecasts, zone, forecaster.freq)
+                listed = _write_glitches(glitch_writer, forecasts, zone, forecaster.wall_clock)
     finally:
         if glitch_writer is not None:
             forecasts.unpersist()
@@ -485,18 +485,19 @@ def predict_spark(
     )
 
 
-def _as_instants(column: str, zone: str, freq: str):
+def _as_instants(column: str, zone: str, wall_clock: bool):
     """The naive forecast timestamps of `column` as instants (Spark's ``timestamp``, which
-    Parquet keeps as UTC): local dates of `zone` for a daily or coarser model, UTC times
-    otherwise, as the local path reads them (`time_axis.in_zone`)."""
+    Parquet keeps as UTC): local dates of `zone` for a model that reads its data on the wall
+    clock (`Forecaster.wall_clock`), UTC times otherwise, as the local path reads them
+    (`time_axis.in_zone`)."""
     from pyspark.sql import functions as F
 
     utc = F.col(column).cast("timestamp")  # the session runs in UTC: same wall time
-    return F.to_utc_timestamp(utc, zone) if wall_clock_for(freq) else utc
+    return F.to_utc_timestamp(utc, zone) if wall_clock else utc
 
 
 def _write_glitches(
-    writer: _Writer, forecasts: DataFrame, zone: str | None, freq: str
+    writer: _Writer, forecasts: DataFrame, zone: str | None, wall_clock: bool
 ) -> pd.DataFrame:
     """List the glitches of `forecasts` (from `_forecast(..., glitches=True)`) with `writer`,
     sorted, as the local path lists them (in the input's zone, when it has one); returns them.
@@ -507,7 +508,7 @@ def _write_glitches(
     listed = exploded.toPandas().sort_values([ID, TIME], ignore_index=True)
     listed = listed.astype({ID: "string", TIME: "datetime64[ns]"})
     if zone is not None:
-        listed[TIME] = in_zone(listed[TIME], zone, freq)
+        listed[TIME] = in_zone(listed[TIME], zone, wall_clock)
     try:
         writer.write(listed)
         writer.commit()

@@ -176,11 +176,13 @@ def request_frames(
     model_freq: str,
     first_index: int = 0,
     max_horizon: int | None = None,
+    wall_clock: bool | None = None,
 ) -> FrameParts:
     """The history columns and, for models with covariates, the future covariate columns.
 
-    Timestamps go through the time axis (aware ones read on their wall clock when the model's
-    steps are whole days or coarser, else in UTC; the nanosecond range checked);
+    Timestamps go through the time axis (aware ones read on their wall clock or in UTC as the
+    model reads them, `wall_clock`, by default as its frequency says; the nanosecond range
+    checked);
     future covariates are stamped with the steps after each series' end on the model's
     frequency, which the core checks the history against. `first_index` is the position of
     `series[0]` in the request (for error messages about a chunk of a large request). A
@@ -204,9 +206,10 @@ def request_frames(
             )
         try:
             if s.timestamps is not None:
-                ds, _ = read_datetimes(s.timestamps, wall_clock=wall_clock_for(model_freq))
+                clock = wall_clock_for(model_freq) if wall_clock is None else wall_clock
+                ds, _ = read_datetimes(s.timestamps, wall_clock=clock)
             else:
-                ds = regular_range(s.start, n, s.freq, roll_forward=False)
+                ds = regular_range(s.start, n, s.freq, roll_forward=False, wall_clock=wall_clock)
         except ForecasterInputError as exc:
             field = "timestamps"
             if s.timestamps is None:

@@ -95,6 +95,7 @@ async def forecast(
                 forecaster.freq,
                 first,
                 max_horizon=forecaster.max_horizon,
+                wall_clock=forecaster.wall_clock,
             ),
         )
         for first in range(0, len(series), size)

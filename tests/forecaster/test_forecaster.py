@@ -432,6 +432,32 @@ def test_daily_aware_history_is_read_as_its_local_dates(zone):
     torch.testing.assert_close(inputs.future_covariates, local.future_covariates)
 
 
+def test_daily_utc_midnights_in_a_local_zone_are_forecast_as_they_were_fitted(tmp_path):
+    """Daily data stamped at UTC midnight and shown in New York (tz_convert of UTC data):
+    19:00 or 20:00 the day before, by daylight-saving time. Fit reads it in UTC, where it is
+    daily; predict read it on the wall clock, as daily models read aware data, so the model
+    refused its own training frame and gave a recent window the previous day's calendar."""
+    naive = generate_synthetic(n_series=2, n_steps=120, freq="D", start="2024-01-01", seed=0)
+    given = naive.assign(ds=naive["ds"].dt.tz_localize("UTC").dt.tz_convert("America/New_York"))
+    config = ModelConfig(**TINY_MODEL, calendar_features=("day_of_week",))
+    model = Forecaster(config, TrainConfig(**{**TINY_TRAIN, "max_epochs": 1})).fit(given)
+    assert (model.freq, model.wall_clock) == ("D", False)
+    expected = model.predict(naive)  # the same days, in UTC
+    recent = given.groupby("unique_id").tail(40)  # after the March change: 20:00 every day
+    for history in (given, recent):
+        forecast = model.predict(history)
+        assert str(forecast["ds"].dt.tz) == "America/New_York"
+        utc = forecast["ds"].dt.tz_convert("UTC").dt.tz_localize(None)
+        assert utc.tolist() == expected["ds"].tolist()
+    torch.testing.assert_close(
+        model.prepare(recent).future_covariates, model.prepare(naive).future_covariates
+    )
+    model.save(tmp_path / "model")
+    loaded = Forecaster.load(tmp_path / "model")
+    assert loaded.wall_clock is False
+    pd.testing.assert_frame_equal(loaded.predict(recent), model.predict(recent))
+
+
 def test_a_context_without_an_observed_value_is_refused_naming_the_series(fitted, series):
     """An outage longer than the context left the model nothing to read: it forecast 0 (the
     scaler's default) for a series at 1,000. It is refused, naming the series and its last

@@ -197,6 +197,29 @@ def test_daily_start_with_an_offset_is_a_local_date(make_client, daily_model):
     assert a.json()["forecasts"] == b.json()["forecasts"]
 
 
+def test_a_model_fitted_on_utc_midnights_in_a_local_zone_reads_requests_in_utc(make_client):
+    """UTC midnights shown in Berlin (01:00, 02:00 in summer) are daily in UTC, so fit reads
+    them there; the service read a request's on the wall clock, as daily models read aware
+    data, and refused the model's own data as off the daily grid."""
+    model_config, train_config = tiny_config()
+    frame = generate_synthetic(n_series=1, n_steps=120, freq="D", start="2024-01-01", seed=3)
+    shown = frame.assign(ds=frame["ds"].dt.tz_localize("UTC").dt.tz_convert("Europe/Berlin"))
+    model = Forecaster(model_config, train_config).fit(shown)
+    client = make_client(source=StaticSource(model, ModelIdentity("forecaster", "9")))
+    part = shown.tail(CONTEXT)  # across the March change: +01:00, then +02:00
+    series = {
+        "id": "s",
+        "timestamps": [t.isoformat() for t in part["ds"]],
+        "values": part["y"].tolist(),
+    }
+    response = client.post("/v1/forecast", json={"series": [series]})
+    assert response.status_code == 200, response.text
+    expected = model.predict(frame.tail(CONTEXT))  # the same days, naive UTC
+    got = response.json()["forecasts"][0]
+    assert got["timestamps"] == [t.isoformat() for t in expected["ds"]]
+    np.testing.assert_allclose(got["mean"], expected["mean"], atol=1e-5)
+
+
 def test_sub_second_steps_keep_their_fractions(client, payload):
     """Timestamps are written to the precision they carry: a history stamped half a second
     past the hour is forecast half a second past the hour, on both routes."""

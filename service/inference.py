@@ -10,7 +10,7 @@ validation fails alone; series ids are carried as given, never rewritten.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +53,16 @@ class FrameParts:
             return [], np.zeros(0, dtype=np.int64)
         _, codes, uniques = series_codes(self.history["unique_id"])
         return list(uniques), np.bincount(codes, minlength=len(uniques))
+
+    def callers_ids(self) -> dict[str, Any] | None:
+        """Each series' id as the caller gave it (an integer from JSON or a CSV), by the text
+        the core names it by; None when every id is text already."""
+        given = self.history.get("unique_id")
+        if given is None or pd.api.types.infer_dtype(given, skipna=False) == "string":
+            return None
+        _, codes, uniques = series_codes(given)
+        first = np.unique(codes, return_index=True)[1]  # codes number ids by first appearance
+        return dict(zip(uniques, pd.Series(given).iloc[first].tolist(), strict=True))
 
     def split(self, max_series: int) -> list[FrameParts]:
         """The same rows in parts of at most `max_series` series each, in series order."""
@@ -435,13 +445,15 @@ def render_forecast(forecast: ItemForecast, horizon: int, include_attention: boo
     return pydantic_core.to_json(body)
 
 
-def render_mlflow(forecast: ItemForecast) -> bytes:
+def render_mlflow(forecast: ItemForecast, ids: Mapping[str, Any] | None = None) -> bytes:
     """`{"predictions": [records]}` as MLflow's scoring server writes the long frame
     (`predictions_to_json`), encoded by pydantic-core (Rust) instead of MLflow's Python
-    encoder: the same JSON values, five times faster. Forecasts are finite (checked above)."""
+    encoder: the same JSON values, five times faster. Forecasts are finite (checked above).
+    `ids` maps the core's text ids back to the caller's (`FrameParts.callers_ids`)."""
     s, h = forecast.mean.shape
+    series_ids = forecast.series_ids if ids is None else [ids[i] for i in forecast.series_ids]
     columns: dict[str, list[Any]] = {
-        "unique_id": np.repeat(np.asarray(forecast.series_ids, dtype=object), h).tolist(),
+        "unique_id": np.repeat(np.asarray(series_ids, dtype=object), h).tolist(),
         "ds": _iso(forecast.timestamps.reshape(s * h)),
         "mean": forecast.mean.reshape(s * h).tolist(),
     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import io
 from typing import Any
 
@@ -211,7 +212,9 @@ async def invocations(
         )
         for k, chunk in enumerate(split)
     ]
-    content = await run_online(request, batcher, chunks, render_mlflow, settings.request_timeout_s)
+    # Ids come back as the caller gave them (7, not "7"), as from `mlflow models serve`.
+    render = functools.partial(render_mlflow, ids=parts.callers_ids())
+    content = await run_online(request, batcher, chunks, render, settings.request_timeout_s)
     # MLflow's body has no room for it; the alias may move between two requests.
     who = {"X-Model-Name": served.identity.name, "X-Model-Version": served.identity.version}
     return Response(content, media_type="application/json", headers=who)

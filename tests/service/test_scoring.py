@@ -60,6 +60,34 @@ def test_the_body_is_what_mlflow_writes(client, two_series, fitted):
     )
 
 
+@pytest.mark.parametrize("fmt", ["split", "records", "csv"])
+def test_ids_come_back_as_given(client, two_series, fitted, fmt):
+    """Integer ids answered as text ("7") broke a caller's join on its own ids; `mlflow models
+    serve` gives them back as numbers."""
+    numbered = two_series.assign(
+        unique_id=two_series["unique_id"].map({"series_000": 7, "series_003": 30})
+    )
+    records = _records(numbered)
+    if fmt == "split":
+        rows = [[r["unique_id"], r["ds"], r["y"]] for r in records]
+        response = client.post(
+            "/invocations",
+            json={"dataframe_split": {"columns": ["unique_id", "ds", "y"], "data": rows}},
+        )
+    elif fmt == "records":
+        response = client.post("/invocations", json={"dataframe_records": records})
+    else:
+        response = client.post(
+            "/invocations",
+            content=numbered.to_csv(index=False),
+            headers={"content-type": "text/csv"},
+        )
+    assert response.status_code == 200, response.text
+    ids = [p["unique_id"] for p in response.json()["predictions"]]
+    assert ids == [7] * HORIZON + [30] * HORIZON
+    _check(response.json()["predictions"], fitted.predict(numbered))
+
+
 def test_dataframe_records(client, two_series, fitted):
     response = client.post("/invocations", json={"dataframe_records": _records(two_series)})
     assert response.status_code == 200, response.text

@@ -88,6 +88,11 @@ class MissingCovariatesError(ForecasterInputError):
     """Future values of a known-future covariate are needed but were not given."""
 
 
+class ModelFileError(ForecasterInputError):
+    """A saved model's directory lacks one of its files, holds a damaged one, or holds files
+    of two different saves."""
+
+
 class ModelCodeMismatchError(RuntimeError):
     """A saved model forecasts differently under this code than under the code that saved it
     (its reference forecast does not reproduce): serving it would give other numbers."""

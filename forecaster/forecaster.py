@@ -13,18 +13,22 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
+import safetensors.torch
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError
 
 from forecaster.columns import ID, TARGET, TIME
 from forecaster.config import (
@@ -36,9 +40,11 @@ from forecaster.config import (
 )
 from forecaster.errors import (
     HorizonTooLongError,
+    InvalidConfigError,
     InvalidTimestampsError,
     MissingValuesError,
     ModelCodeMismatchError,
+    ModelFileError,
     SeriesTooShortError,
     TrainingDivergedError,
     UnknownQuantileError,
@@ -633,23 +639,26 @@ class Forecaster:
                 f"{path}: not saved: the model forecasts non-finite values (its weights hold "
                 "NaN or inf), expected finite forecasts"
             )
-        path.mkdir(parents=True, exist_ok=True)
-        writes = {
-            WEIGHTS_FILE: lambda target: save_file(state, target),
-            CONFIG_FILE: lambda target: target.write_text(json.dumps(meta, indent=2)),
-            REFERENCE_FILE: lambda target: target.write_text(
-                json.dumps({name: values.tolist() for name, values in reference.items()})
-            ),
+        contents = {
+            WEIGHTS_FILE: safetensors.torch.save(state),
+            REFERENCE_FILE: json.dumps(
+                {name: values.tolist() for name, values in reference.items()}
+            ).encode(),
         }
+        # config.json, renamed last, vouches for the other two: a save that dies between its
+        # renames leaves files of two saves, which `load` names instead of failing on them.
+        meta["sha256"] = {name: hashlib.sha256(data).hexdigest() for name, data in contents.items()}
+        contents[CONFIG_FILE] = json.dumps(meta, indent=2).encode()
+        path.mkdir(parents=True, exist_ok=True)
         partials: list[Path] = []
         try:
-            for name, write in writes.items():
+            for name, data in contents.items():
                 partials.append(path / f".{name}.partial")
-                write(partials[-1])
+                _write_file(partials[-1], data)
             # The three renames, microseconds, are the only moment the directory holds a mix
             # of the old model and the new: a Ctrl-C waits until they are done.
             with _interrupts_deferred():
-                for name, partial in zip(writes, partials, strict=True):
+                for name, partial in zip(contents, partials, strict=True):
                     partial.replace(path / name)
         except BaseException:
             for partial in partials:
@@ -665,15 +674,11 @@ class Forecaster:
         same (`ModelCodeMismatchError` otherwise), so a model never serves under code that
         forecasts differently from the code that trained it. Models saved without one load.
         `device` None is "auto" (cuda when there is one), not the device it trained on: a
-        model trained on a GPU serves on a CPU machine.
+        model trained on a GPU serves on a CPU machine. A missing, damaged or mismatched file
+        is a `ModelFileError` naming it.
         """
         path = Path(path)
-        meta = json.loads((path / CONFIG_FILE).read_text())
-        if meta.get("format_version") != FORMAT_VERSION:
-            raise ValueError(
-                f"{path / CONFIG_FILE}: expected format_version {FORMAT_VERSION}, got "
-                f"{meta.get('format_version')!r} (retrain the model with this version)"
-            )
+        meta, state, saved_reference = _read_saved(path)
         train_values = {**meta["train_config"], "device": device or "auto"}
         model_values = dict(meta["model_config"])
         train_values.setdefault("glitch_threshold", None)  # saved before the rule: none
@@ -681,14 +686,16 @@ class Forecaster:
         train_values.setdefault("zero_glitch_ratio", None)  # before the zeros' test
         if "naive_head" in model_values:  # saved before its blend could be gates: softmax
             model_values.setdefault("naive_blend", "softmax")
-        forecaster = cls(
-            config_from_dict(ModelConfig, model_values),
-            config_from_dict(TrainConfig, train_values),
-        )
-        forecaster.freq = meta["freq"]
+        try:
+            forecaster = cls(
+                config_from_dict(ModelConfig, model_values),
+                config_from_dict(TrainConfig, train_values),
+            )
+        except InvalidConfigError as exc:
+            raise ModelFileError(f"{path / CONFIG_FILE}: {exc}", field="model") from None
+        forecaster.freq = meta.get("freq")
         forecaster._fitted_wall_clock = meta.get("wall_clock")  # absent before it was saved
         model = PatchTransformer(forecaster.model_config)
-        state = load_file(path / WEIGHTS_FILE)
         # A model saved before intervals were calibrated was used with a scale of 1, one saved
         # before they were calibrated per band of history with one factor for all.
         scale = state.get("interval_scale", torch.ones(()))
@@ -704,12 +711,17 @@ class Forecaster:
         # the identity when it did not impute at all).
         state.setdefault("padding_factor", model.padding_factor.clone())
         state.setdefault("padding_imputed", torch.ones_like(model.padding_imputed))
-        model.load_state_dict(state)
+        try:
+            model.load_state_dict(state)
+        except RuntimeError as exc:  # missing, unexpected or misshapen tensors
+            raise ModelFileError(
+                f"{path / WEIGHTS_FILE}: its tensors do not fit the model {CONFIG_FILE} "
+                f"describes: {' '.join(str(exc).split())}",
+                field="model",
+            ) from None
         forecaster.model = model.to(forecaster.device).eval()
-        reference_file = path / REFERENCE_FILE
-        if verify and reference_file.is_file():
-            saved = json.loads(reference_file.read_text())
-            forecaster.check_reference({k: np.asarray(v) for k, v in saved.items()}, str(path))
+        if verify and saved_reference is not None:
+            forecaster.check_reference(saved_reference, str(path))
         return forecaster
 
     def check_reference(self, expected: Mapping[str, np.ndarray], where: str) -> None:
@@ -889,6 +901,75 @@ def _in_callers_types(
     if zone is not None:
         forecast[TIME] = in_zone(forecast[TIME], zone, wall_clock)
     return forecast
+
+
+def _write_file(target: Path, data: bytes) -> None:
+    """`data` in `target`, on disk before a rename makes it part of the model."""
+    with target.open("wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def _read_saved(
+    path: Path,
+) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, np.ndarray] | None]:
+    """The config, the weights and the reference forecast (None in models saved without one)
+    of a directory `Forecaster.save` wrote; `ModelFileError` naming the file that is missing,
+    damaged, or, by the checksums in config.json (models saved since), from another save."""
+    found: dict[str, bytes] = {}
+    for name in (CONFIG_FILE, WEIGHTS_FILE, REFERENCE_FILE):
+        try:
+            found[name] = (path / name).read_bytes()
+        except FileNotFoundError:
+            if name != REFERENCE_FILE:
+                raise ModelFileError(
+                    f"{path}: no {name}; expected a directory written by Forecaster.save",
+                    field="model",
+                ) from None
+    try:
+        meta = json.loads(found[CONFIG_FILE])
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ModelFileError(
+            f"{path / CONFIG_FILE}: not valid JSON ({exc}); the file is damaged", field="model"
+        ) from None
+    if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
+        version = meta.get("format_version") if isinstance(meta, dict) else None
+        raise ModelFileError(
+            f"{path / CONFIG_FILE}: expected format_version {FORMAT_VERSION}, got {version!r} "
+            "(retrain the model with this version)",
+            field="model",
+        )
+    missing = [key for key in ("model_config", "train_config") if key not in meta]
+    if missing:
+        raise ModelFileError(f"{path / CONFIG_FILE}: no {missing[0]!r} entry", field="model")
+    for name, expected in (meta.get("sha256") or {}).items():
+        data = found.get(name)
+        if data is None or hashlib.sha256(data).hexdigest() != expected:
+            what = "is missing" if data is None else "does not match the checksum in"
+            raise ModelFileError(
+                f"{path / name}: {what} {CONFIG_FILE} (the file is damaged, or from another "
+                "save: one interrupted between its renames); save the model again",
+                field="model",
+            )
+    try:
+        state = safetensors.torch.load(found[WEIGHTS_FILE])
+    except SafetensorError as exc:
+        raise ModelFileError(
+            f"{path / WEIGHTS_FILE}: not readable as safetensors ({exc}); the file is damaged",
+            field="model",
+        ) from None
+    reference = None
+    if REFERENCE_FILE in found:
+        try:
+            saved = json.loads(found[REFERENCE_FILE])
+            reference = {k: np.asarray(v, dtype=np.float64) for k, v in saved.items()}
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ModelFileError(
+                f"{path / REFERENCE_FILE}: not a saved forecast ({exc}); the file is damaged",
+                field="model",
+            ) from None
+    return meta, state, reference
 
 
 @contextlib.contextmanager

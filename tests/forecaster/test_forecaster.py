@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from forecaster import Forecaster, ModelConfig, TrainConfig
+from forecaster import forecaster as forecaster_module
 from forecaster.config import N_HISTORY_BANDS
 from forecaster.data import load_frame
 from forecaster.errors import (
@@ -22,12 +23,14 @@ from forecaster.errors import (
     MissingCovariatesError,
     MissingValuesError,
     ModelCodeMismatchError,
+    ModelFileError,
     NonNumericValuesError,
     SeriesTooShortError,
     UnknownQuantileError,
 )
 from forecaster.synthetic import PROMO, generate_synthetic
 from tests.forecaster.conftest import TINY_MODEL, TINY_TRAIN
+from tests.saved_models import reseal
 
 
 def test_predict_returns_long_frame_with_quantiles(fitted, series):
@@ -96,6 +99,7 @@ def test_code_whose_intervals_differ_refuses_the_model(fitted, tmp_path, monkeyp
         Forecaster.load(tmp_path / "model")
     reference = tmp_path / "model" / "reference.json"
     reference.write_text(json.dumps({"mean": json.loads(reference.read_text())["mean"]}))
+    reseal(tmp_path / "model")
     assert Forecaster.load(tmp_path / "model").is_fitted
 
 
@@ -132,6 +136,56 @@ def test_a_model_trained_on_a_gpu_loads_where_there_is_none(fitted, series, tmp_
     pd.testing.assert_frame_equal(reloaded.predict(series), fitted.predict(series))
 
 
+def _damage(directory: Path, how: str, other: Path) -> str:
+    """Damage a saved model `how`; the file the error must name."""
+    weights, config = directory / "model.safetensors", directory / "config.json"
+    if how == "no_config":
+        config.unlink()
+        return "no config.json"
+    if how == "cut_config":
+        config.write_bytes(config.read_bytes()[:100])
+        return f"{config}: not valid JSON"
+    if how == "cut_weights":
+        weights.write_bytes(weights.read_bytes()[:1000])
+        return f"{weights}: does not match the checksum"
+    if how == "weights_of_another_save":  # a save that died between its renames
+        weights.write_bytes((other / "model.safetensors").read_bytes())
+        return f"{weights}: does not match the checksum"
+    if how == "no_reference":
+        (directory / "reference.json").unlink()
+        return f"{directory / 'reference.json'}: is missing"
+    assert how == "cut_weights_saved_before_checksums"
+    meta = json.loads(config.read_text())
+    del meta["sha256"]
+    config.write_text(json.dumps(meta))
+    weights.write_bytes(weights.read_bytes()[:1000])
+    return f"{weights}: not readable as safetensors"
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "no_config",
+        "cut_config",
+        "cut_weights",
+        "weights_of_another_save",
+        "no_reference",
+        "cut_weights_saved_before_checksums",
+    ],
+)
+def test_a_damaged_model_directory_is_refused_naming_the_file(fitted, series, tmp_path, how):
+    """Damaged files gave raw JSON or safetensors errors naming no file, and files of two saves
+    (one that died between its renames) were blamed on the code (ModelCodeMismatchError)."""
+    fitted.save(tmp_path / "model")
+    Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**{**TINY_TRAIN, "seed": 1})).fit(
+        series
+    ).save(tmp_path / "other")
+    needle = _damage(tmp_path / "model", how, tmp_path / "other")
+    with pytest.raises(ModelFileError) as error:
+        Forecaster.load(tmp_path / "model")
+    assert needle in str(error.value)
+
+
 def test_an_interrupted_save_leaves_the_model_saved_before(fitted, series, tmp_path, monkeypatch):
     """Ctrl-C while a save over an existing model writes: the old model loads as it was, and
     no partial file is left. Once every file is written, the renames hold a real SIGINT until
@@ -141,14 +195,14 @@ def test_an_interrupted_save_leaves_the_model_saved_before(fitted, series, tmp_p
     other = Forecaster(ModelConfig(**{**TINY_MODEL, "d_model": 8}), TrainConfig(**TINY_TRAIN)).fit(
         series
     )
-    write_text = Path.write_text
+    write = forecaster_module._write_file
 
-    def interrupted(self, *args, **kwargs):
-        if self.name == ".reference.json.partial":  # the weights and config already written
+    def interrupted(target, data):
+        if target.name == ".config.json.partial":  # the weights and reference already written
             raise KeyboardInterrupt
-        return write_text(self, *args, **kwargs)
+        return write(target, data)
 
-    monkeypatch.setattr(Path, "write_text", interrupted)
+    monkeypatch.setattr(forecaster_module, "_write_file", interrupted)
     with pytest.raises(KeyboardInterrupt):
         other.save(tmp_path / "model")
     monkeypatch.undo()
@@ -195,6 +249,7 @@ def test_short_histories_are_imputed_and_models_saved_before_that_load(series, t
         model.save(tmp_path / name)
         weights_file = tmp_path / name / "model.safetensors"
         save_file({k: v for k, v in load_file(weights_file).items() if k != key}, weights_file)
+        reseal(tmp_path / name)
         return Forecaster.load(tmp_path / name)
 
     before_bands = saved_without("padding_imputed", "before_bands")
@@ -269,6 +324,7 @@ def test_the_interval_scale_is_saved_and_a_model_saved_before_it_loads(series, t
     weights = load_file(weights_file)
     weights["interval_scale"] = torch.tensor(1.5)
     save_file(weights, weights_file)
+    reseal(tmp_path / "model")
     one_factor = Forecaster.load(tmp_path / "model")
     pd.testing.assert_frame_equal(
         one_factor.predict(series), model.predict(series), check_exact=True
@@ -283,6 +339,7 @@ def test_the_interval_scale_is_saved_and_a_model_saved_before_it_loads(series, t
     save_file(weights, weights_file)
     reference = tmp_path / "model" / "reference.json"  # which held the mean only
     reference.write_text(json.dumps({"mean": json.loads(reference.read_text())["mean"]}))
+    reseal(tmp_path / "model")
     older = Forecaster.load(tmp_path / "model")
     model.model.interval_scale.fill_(1.0)
     pd.testing.assert_frame_equal(older.predict(series), model.predict(series), check_exact=True)
@@ -305,6 +362,7 @@ def test_a_model_saved_before_the_naive_head_loads_and_forecasts_as_before(serie
     weights_file = tmp_path / "model" / "model.safetensors"
     weights = {k: v for k, v in load_file(weights_file).items() if not k.startswith("naive")}
     save_file(weights, weights_file)
+    reseal(tmp_path / "model")
     older = Forecaster.load(tmp_path / "model")  # replays the saved reference forecast
     pd.testing.assert_frame_equal(older.predict(series), model.predict(series), check_exact=True)
 

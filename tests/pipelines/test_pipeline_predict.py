@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -153,6 +155,18 @@ def test_an_unreadable_input_file_exits_2_naming_it(model_dir, tmp_path, capsys,
     assert main([*args, "--input", str(tmp_path / name)]) == 2
     assert f"{tmp_path / name}: cannot read file" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_damaged_model_exits_2_naming_its_file(model_dir, history, tmp_path, capsys):
+    damaged = tmp_path / "model"
+    shutil.copytree(model_dir, damaged)
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    history.to_csv(tmp_path / "in.csv", index=False)
+    args = ["predict", "--model", str(damaged), "--input", str(tmp_path / "in.csv")]
+    assert main([*args, "--output", str(tmp_path / "o.csv"), "--no-progress"]) == 2
+    assert f"{weights}: does not match the checksum" in capsys.readouterr().err
+    assert not (tmp_path / "o.csv").exists()
 
 
 def test_a_file_corrupt_after_its_first_rows_exits_2(model_dir, history, tmp_path, capsys):

@@ -7,6 +7,7 @@ import time
 
 from forecaster import Forecaster
 from service.model_manager import ModelIdentity
+from tests.saved_models import reseal
 
 API_KEY = "test-key-0123456789abcdef"
 KEY = {"X-API-Key": API_KEY}
@@ -166,6 +167,7 @@ def test_a_version_saved_by_code_that_forecasts_differently_is_refused(
     saved = json.loads(references[0].read_text())
     saved["mean"] = [[v * 1.05 for v in row] for row in saved["mean"]]
     references[0].write_text(json.dumps(saved))
+    reseal(references[0].parent)
     client = make_client(source="registry", tracking_uri=registry.tracking_uri)
     state = client.get("/v1/models").json()
     assert state["loaded"] is None

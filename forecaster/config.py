@@ -96,6 +96,11 @@ def _describe(hint: Any) -> str:
     )
 
 
+# Longest context: the model holds an (L+1) x (L+1) float32 map for a short history's padding
+# and the linear start solves a system of that size, 1 GiB each at this L (a week of minutes is
+# 10,080 steps). Beyond it a fit failed only on allocating terabytes.
+MAX_CONTEXT_LENGTH = 16_384
+
 # Edges, as fractions of the context length L, of the bands of history whose intervals are
 # calibrated apart: a window that has observed at most L/32, L/16, L/8, L/4, L/2 or more than
 # L/2 steps since its series began. A model knows less the less history it sees, and its
@@ -194,7 +199,12 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _check_types(self)
-        _check(self.context_length >= 1, "context_length", ">= 1", self.context_length)
+        _check(
+            1 <= self.context_length <= MAX_CONTEXT_LENGTH,
+            "context_length",
+            f"in [1, {MAX_CONTEXT_LENGTH}]",
+            self.context_length,
+        )
         _check(self.prediction_length >= 1, "prediction_length", ">= 1", self.prediction_length)
         _check(
             self.patch_length is None or self.patch_length >= 1,

@@ -503,6 +503,8 @@ def test_linear_start_ridge_is_judged_by_the_validation_loss(tiny_config, loss, 
         ("loss_unit", "mad", "loss_unit: expected rms or std, got 'mad'"),
         ("naive_blend", "relu", "naive_blend: expected gates or softmax, got 'relu'"),
         ("horizon_dropout", 1.0, "horizon_dropout: expected in [0, 1), got 1.0"),
+        # Once a RuntimeError on allocating 400 TB, after the data was read.
+        ("context_length", 10**7, "context_length: expected in [1, 16384], got 10000000"),
         ("calendar_features", ("week_of_moon",), "calendar_features: expected names from"),
     ],
 )

@@ -32,7 +32,8 @@ class BodyTooLarge(HTTPException):
 
 class BodyLimitMiddleware:
     """413 for bodies over the limit: at once when Content-Length says so, else as soon as
-    the streamed body passes it. Uploads to /v1/batch-jobs have their own, larger limit."""
+    the streamed body passes it. Uploads to /v1/batch-jobs have their own, larger limit; a JSON
+    body there names a file on the server and is held to the body limit."""
 
     def __init__(self, app: ASGIApp, *, max_body_bytes: int, max_upload_bytes: int):
         self.app = app
@@ -43,7 +44,10 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        content_type = dict(scope.get("headers", ())).get(b"content-type", b"")
+        json_body = content_type.split(b";")[0].strip().lower() == b"application/json"
         upload = scope["path"].startswith(UPLOAD_PATHS) and scope["method"] == "POST"
+        upload = upload and not json_body
         limit = self.max_upload if upload else self.max_body
         what = "upload" if upload else "request body"
         setting = "max_upload_bytes" if upload else "max_body_bytes"

@@ -69,6 +69,8 @@ class ServiceSettings(BaseSettings):
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     max_series_per_request: int = Field(1000, ge=1)
     max_history_length: int = Field(20_000, ge=1)
+    # A file uploaded to /v1/batch-jobs (streamed to disk); a JSON body there naming a file on
+    # the server is held to max_body_bytes.
     max_upload_bytes: int = Field(4 * 1024**3, ge=1024)
     # Series per request with include_attention: the maps grow with heads x layers x tokens².
     max_attention_series: int = Field(16, ge=1)

@@ -117,6 +117,16 @@ def test_upload_size_limit(make_client, history):
     assert "max_upload_bytes" in response.json()["detail"]
 
 
+def test_a_json_batch_job_body_is_held_to_the_body_limit(make_client):
+    """A JSON body names a file on the server: a few hundred bytes, not an upload. It was held
+    to the 4 GiB upload limit, and read whole."""
+    client = make_client(max_body_bytes=2048, max_upload_bytes=1 << 20)
+    body = {"path": "inputs/h.csv", "padding": "x" * 4096}
+    response = client.post("/v1/batch-jobs", json=body)
+    assert response.status_code == 413, response.text
+    assert "max_body_bytes" in response.json()["detail"]
+
+
 def test_series_and_history_limits(make_client, payload):
     client = make_client(max_series_per_request=2, max_history_length=60)
     three = {"series": [payload(f"series_00{i}") for i in range(3)]}

@@ -117,6 +117,18 @@ class ForecastRequest(BaseModel):
         return self
 
 
+class ErrorResponse(BaseModel):
+    """The body of every error of the service's own routes (MLflow's `/invocations` answers
+    in MLflow's shape)."""
+
+    model_config = ConfigDict(extra="allow")  # a 500 adds its request_id
+
+    detail: str = Field(description="What is wrong, naming the field and the series.")
+    error: str = Field(description="The kind, for programs: invalid_input, not_found, ...")
+    field: str | None = Field(description="The request field at fault, e.g. series[2].values.")
+    series_id: str | None = Field(description="The series at fault, when there is one.")
+
+
 class ModelInfo(BaseModel):
     name: str
     version: str

@@ -300,7 +300,12 @@ async def _get(store: Any, job_id: str) -> Job:
     return job
 
 
-@router.get("/{job_id}", response_model=BatchJobOut, summary="Status and progress of a job")
+@router.get(
+    "/{job_id}",
+    response_model=BatchJobOut,
+    summary="Status and progress of a job",
+    responses={404: {"description": "No such job"}},
+)
 async def get_job(job_id: str, store: JobStoreDep) -> dict[str, Any]:
     return job_out(await _get(store, job_id))
 

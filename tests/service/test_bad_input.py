@@ -84,6 +84,35 @@ def test_bad_series_is_422_naming_field_and_series(client, payload, how):
     assert "series_002" in error["detail"], error["detail"]
 
 
+def test_every_error_is_the_body_the_openapi_schema_documents(make_client, payload):
+    """The schema documented 422 as FastAPI's default validation error (a list under
+    `detail`), a body the service never sends; clients generated from it failed to read ours."""
+    from service.schemas import ErrorResponse
+
+    client = make_client(max_body_bytes=2048, api_keys="k" * 20)
+    key = {"X-API-Key": "k" * 20}
+    schema = client.get("/openapi.json", headers=key).json()
+    assert "HTTPValidationError" not in json.dumps(schema)
+    answers = {
+        ("post", "/v1/forecast", "422"): client.post(
+            "/v1/forecast", json={"series": [_break(payload, "empty")]}, headers=key
+        ),
+        ("post", "/v1/forecast", "401"): client.post("/v1/forecast", json={}),
+        ("post", "/v1/forecast", "413"): client.post(
+            "/v1/forecast", json={"series": [payload("series_000", 96)]}, headers=key
+        ),
+        ("get", "/v1/batch-jobs", "422"): client.get("/v1/batch-jobs?limit=0", headers=key),
+        ("get", "/v1/batch-jobs/{job_id}", "404"): client.get("/v1/batch-jobs/nope", headers=key),
+    }
+    for (method, path, status), response in answers.items():
+        assert str(response.status_code) == status, response.text
+        documented = schema["paths"][path][method]["responses"][status]["content"]
+        ref = documented["application/json"]["schema"]["$ref"]
+        assert ref == "#/components/schemas/ErrorResponse"
+        body = ErrorResponse.model_validate(response.json(), strict=True)
+        assert body.detail and body.error, response.text
+
+
 def _imperfect(payload, how):
     s = payload("series_002", CONTEXT + 10)
     if how == "nan":

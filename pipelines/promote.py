@@ -9,7 +9,9 @@ there is none, or when all of these hold:
   series in each window (Wilcoxon signed-rank by default, or a sign test) gives p < alpha.
   Pairs are (series, window) rather than series so that a few series with several windows
   can still show a difference; windows of one series are not independent, so the p-value is
-  optimistic when there are few series;
+  optimistic when there are few series. With so few pairs that no outcome could reach alpha
+  (n pairs give p >= 2^-n: 3 windows of one series never reach 0.05), the test is skipped
+  and the margin decides, saying so, rather than no challenger ever replacing the champion;
 - the challenger beats seasonal naive (unless that is switched off).
 
 Two equally good models (same data and configuration, another seed) then swap the alias only
@@ -176,20 +178,31 @@ def decide(
         )
     paired = paired_test(challenger, champion, test)
     threshold = champion_score * (1.0 - margin)
+    # The smallest p-value either test gives n pairs is 2^-n (every pair won, the largest
+    # differences included); below that, no improvement could ever pass.
+    testable = alpha < 1.0 and 2.0**-paired.n_pairs < alpha
+    if testable:
+        needs = f"needs < {alpha:g}"
+    elif alpha < 1.0:
+        needs = f"too few to reach {alpha:g}: the margin decides"
+    else:
+        needs = "test off: promotion_alpha = 1"
     comparison = (
-        f"challenger {challenger_score:.4g} vs champion {champion_score:.4g} (needs <= "
-        f"{threshold:.4g}, margin {margin:.1%}); {test} p = {paired.p_value:.3g} over "
-        f"{paired.n_pairs} series x windows (needs < {alpha:g}); {naive_text}; {window}"
+        f"challenger {challenger_score:.4g} vs champion {champion_score:.4g} (needs < "
+        f"{champion_score:.4g} and <= {threshold:.4g}, margin {margin:.1%}); {test} p = "
+        f"{paired.p_value:.3g} over {paired.n_pairs} series x windows ({needs}); {naive_text}; "
+        f"{window}"
     )
-    if not challenger_score <= threshold:
+    if not (challenger_score < champion_score and challenger_score <= threshold):
         return verdict(
             False, f"challenger not better than champion by the margin: {comparison}", paired
         )
-    if alpha < 1.0 and not paired.p_value < alpha:
+    if testable and not paired.p_value < alpha:
         return verdict(False, f"improvement not significant (could be noise): {comparison}", paired)
     if not beats_naive:
         return verdict(False, f"challenger does not beat seasonal naive: {comparison}", paired)
-    return verdict(True, f"challenger significantly better than champion: {comparison}", paired)
+    better = "significantly better" if testable else "better"
+    return verdict(True, f"challenger {better} than champion: {comparison}", paired)
 
 
 def promote_with_settings(
@@ -267,7 +280,10 @@ def promote(
         )
 
     if champion is not None and champion.version == challenger.version:
-        return record(None, False, f"version {challenger.version} is already {CHAMPION}")
+        # A retried step: the record of the promotion that made it champion stays as it is.
+        reason = f"version {challenger.version} is already {CHAMPION}"
+        logger.info("did not promote version %s: %s", challenger.version, reason)
+        return PromotionDecision(False, reason, metric, challenger, champion)
 
     challenger_model = load_version(challenger, tracking_uri=tracking_uri, device=device)
     horizon = challenger_model.max_horizon

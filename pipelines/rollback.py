@@ -11,7 +11,7 @@ from mlflow.exceptions import MlflowException
 from pipelines import tracking
 from pipelines.errors import ModelNotFoundError
 from pipelines.promote import PREVIOUS_CHAMPION
-from pipelines.registry import CHAMPION, ModelRef, resolve_model
+from pipelines.registry import CHAMPION, ModelRef, load_version, resolve_model
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +39,13 @@ def rollback(
     twice goes two promotions back. With ``to_version``, a model that has lost its champion
     gets one again.
 
+    The target must load: a version whose artifacts are gone or damaged (a champion that
+    was replaced because it could not be loaded) is refused before the alias moves.
+
     Raises:
         ModelNotFoundError: no version is named and there is no champion or it replaced
             nothing, or the target version does not exist.
+        UnloadableModelError: the target's artifacts cannot be loaded.
     """
     client = tracking.client(tracking_uri)
     if to_version is not None:
@@ -49,6 +53,7 @@ def rollback(
         current = _current_champion(model_name, tracking_uri)
         if current is None:
             target = resolve_model(f"models:/{model_name}/{to_version}", tracking_uri=tracking_uri)
+            load_version(target, tracking_uri=tracking_uri, device="cpu")
             with tracking.tracking_errors(tracking_uri):
                 client.set_registered_model_alias(model_name, CHAMPION, target.version)
             logger.info("%s@%s: none -> version %s", model_name, CHAMPION, target.version)
@@ -66,6 +71,7 @@ def rollback(
                     model_uri=f"models:/{model_name}@{CHAMPION}",
                 )
         target = resolve_model(f"models:/{model_name}/{to_version}", tracking_uri=tracking_uri)
+        load_version(target, tracking_uri=tracking_uri, device="cpu")
         try:
             client.set_model_version_tag(
                 model_name,

@@ -54,33 +54,45 @@ def test_promotion_rules_and_rollback(store, data_csv, capsys):
     )
     assert _aliases(store)["champion"] == "1"
 
-    # A tie is no evidence: the paired test refuses it, with its p-value recorded.
+    # A tie lowers nothing, with the paired test's p-value recorded.
     assert main([*args, "--set", "require_beats_baseline=false"]) == 0
     tags = client_for(store).get_model_version("forecaster", "2").tags
     assert tags["promotion.decision"] == "rejected"
-    assert "not significant" in tags["promotion.reason"]
+    assert "not better than champion" in tags["promotion.reason"]
     assert tags["promotion.test"] == "wilcoxon"
     assert float(tags["promotion.p_value"]) == 1.0
 
-    # With the test switched off, no margin and no baseline requirement, a tie is enough.
-    assert (
-        main([*args, "--set", "require_beats_baseline=false", "--set", "promotion_alpha=1.0"]) == 0
-    )
+    # With the test switched off, no margin and no baseline requirement, a tie still lowers
+    # nothing: it was promoted as "significantly better" on every retrain.
+    off = [*args, "--set", "require_beats_baseline=false", "--set", "promotion_alpha=1.0"]
+    assert main(off) == 0
     tags = client_for(store).get_model_version("forecaster", "2").tags
-    assert tags["promotion.decision"] == "promoted"
-    assert tags["promotion.previous_champion"] == "1"
+    assert tags["promotion.decision"] == "rejected"
+    assert "test off" in tags["promotion.reason"]
+    assert _aliases(store)["champion"] == "1"
+
+    # A weak version 3 made champion by name; version 2, clearly better, replaces it.
+    weak = ["--set", "train.max_epochs=0", "--set", "model.linear_start=false"]
+    assert main(["train", "--config", str(cfg), "--data", str(data_csv), *weak]) == 0
+    rollback = ["rollback", "--config", str(cfg)]
+    assert main([*rollback, "--to-version", "3"]) == 0
+    client_for(store).set_registered_model_alias("forecaster", "challenger", "2")
+    assert main(args) == 0
+    promoted = client_for(store).get_model_version("forecaster", "2").tags
+    assert promoted["promotion.decision"] == "promoted", promoted["promotion.reason"]
+    assert promoted["promotion.previous_champion"] == "3"
     assert _aliases(store) == {"challenger": "2", "champion": "2"}
     capsys.readouterr()
-    assert main(args) == 0  # already champion: nothing to do
+    assert main(args) == 0  # already champion: nothing to do, and its record stays
     assert "already champion" in capsys.readouterr().out
+    assert client_for(store).get_model_version("forecaster", "2").tags == promoted
 
     # Rollback goes back to the version it replaced, and no further than the first champion.
-    rollback = ["rollback", "--config", str(cfg)]
     assert main(rollback) == 0
-    assert "v2 -> v1" in capsys.readouterr().out
-    assert _aliases(store)["champion"] == "1"
+    assert "v2 -> v3" in capsys.readouterr().out
+    assert _aliases(store)["champion"] == "3"
     assert (
-        client_for(store).get_model_version("forecaster", "2").tags["rollback.replaced_by"] == "1"
+        client_for(store).get_model_version("forecaster", "2").tags["rollback.replaced_by"] == "3"
     )
     assert main(rollback) == 3
     assert "first champion" in capsys.readouterr().err
@@ -147,6 +159,11 @@ def test_an_unloadable_champion_is_judged_absent_not_a_crash(store, data_csv, tm
     assert f"champion version {version} cannot be loaded" in tags["promotion.reason"]
     assert tags["promotion.decision"] == "promoted", tags["promotion.reason"]
     assert _aliases(store)["champion"] == challenger
+    # Rolling back would serve the version known to be unloadable: refused, champion kept.
+    capsys.readouterr()
+    assert main(["rollback", "--config", str(cfg)]) == 3
+    assert f"version {version}): its artifacts cannot be loaded" in capsys.readouterr().err
+    assert _aliases(store)["champion"] == challenger
 
 
 def test_a_named_version_is_judged_not_whatever_challenger_names_by_then(store, data_csv):
@@ -167,13 +184,18 @@ def test_a_named_version_is_judged_not_whatever_challenger_names_by_then(store, 
     assert "promotion.decision" not in client.get_model_version("forecaster", "3").tags
 
 
-def test_a_stop_before_the_alias_moves_leaves_no_promoted_tag(store, data_csv, monkeypatch):
+def test_a_stop_before_the_alias_moves_leaves_no_promoted_tag(tmp_path, data_csv, monkeypatch):
     """Stopped between the decision and the alias, v2 said "promoted" for good while v1 stayed
     champion. The decision is tagged after the alias moves."""
     from mlflow.tracking import MlflowClient
 
+    store = tmp_path
     cfg = config_file(store)
-    assert main(["train", "--config", str(cfg), "--data", str(data_csv)]) == 0
+    args = ["--config", str(cfg), "--data", str(data_csv)]
+    weak = ["--set", "train.max_epochs=0", "--set", "model.linear_start=false"]
+    assert main(["train", *args, *weak]) == 0
+    assert main(["promote", *args, "--set", "require_beats_baseline=false"]) == 0
+    assert main(["train", *args]) == 0  # clearly better than the weak champion
 
     def stopped(*args, **kwargs):
         raise KeyboardInterrupt

@@ -51,6 +51,31 @@ def test_margin_and_baseline_still_apply(champion):
     assert not behind_naive.promoted and "seasonal naive" in behind_naive.reason
 
 
+@pytest.mark.parametrize("name", ["wilcoxon", "sign"])
+def test_too_few_pairs_for_the_test_leave_the_decision_to_the_margin(name):
+    """Three windows of one series give p >= 1/8 whatever the errors: a champion worse than
+    seasonal naive could never be replaced. Five pairs can reach 1/32 and are tested."""
+    champion = _scores([1.3, 1.2, 1.4])
+    verdict = decide(champion * 0.7, champion, champion, metric="mase", test=name)
+    assert verdict.promoted, verdict.reason
+    assert "too few to reach 0.05: the margin decides" in verdict.reason
+    assert "significantly" not in verdict.reason
+    assert not decide(champion * 1.01, champion, champion * 2, metric="mase", test=name).promoted
+    five = _scores([1.3, 1.2, 1.4, 1.1, 1.0])
+    mixed = five * np.array([0.5, 0.5, 0.5, 0.5, 1.2])  # better on average, not every time
+    verdict = decide(mixed, five, five * 2, metric="mase", test=name)
+    assert not verdict.promoted and "not significant" in verdict.reason
+
+
+def test_a_tie_is_not_promoted_with_the_test_off(champion):
+    """With promotion_alpha = 1 an identical model was promoted as "significantly better" on
+    every retrain."""
+    tie = decide(champion, champion, champion * 2, metric="mase", alpha=1.0)
+    assert not tie.promoted and "test off" in tie.reason
+    better = decide(champion * 0.999, champion, champion * 2, metric="mase", alpha=1.0)
+    assert better.promoted and "significantly" not in better.reason
+
+
 def test_the_first_version_is_promoted_with_naive_in_the_reason(champion):
     verdict = decide(champion, None, champion * 0.5, metric="mae")
     assert verdict.promoted and "seasonal naive" in verdict.reason and verdict.test is None

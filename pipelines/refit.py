@@ -21,7 +21,7 @@ from forecaster import Forecaster
 from forecaster.errors import TrainingDivergedError
 from pipelines import tracking
 from pipelines.ingest import IngestResult
-from pipelines.promote import PREVIOUS_CHAMPION
+from pipelines.promote import DECISION, PREVIOUS_CHAMPION
 from pipelines.register import code_version, input_example, register
 from pipelines.registry import CHAMPION, ModelRef
 from pipelines.train import TrainOutcome
@@ -68,10 +68,13 @@ def refit(
     )
     with tracking.tracking_errors(client.tracking_uri):
         evaluated_tags = client.get_model_version(model_name, evaluated_version.version).tags
+        # The decision is tagged once the alias has moved, as promotion tags it: a run killed
+        # in between leaves a version without it, never one that says "promoted" and is not
+        # champion.
         carried = {
             k: v
             for k, v in evaluated_tags.items()
-            if k.startswith(("backtest.", "promotion.", "data."))
+            if k.startswith(("backtest.", "promotion.", "data.")) and k != DECISION
         }
         # The champion the evaluated version replaced is the one to roll back to; tagged at
         # creation, so the version never holds the alias without it.
@@ -98,6 +101,10 @@ def refit(
             alias=CHAMPION,
             run_tag="refit_version",
         )
+        if DECISION in evaluated_tags:
+            client.set_model_version_tag(
+                model_name, version.version, DECISION, evaluated_tags[DECISION]
+            )
         client.set_model_version_tag(
             model_name, evaluated_version.version, REFIT_VERSION, version.version
         )

@@ -3,8 +3,10 @@ as one MLflow run (monitor scores the forecasts logged since the last run, see
 ``pipelines.monitor``; ``check_champion`` runs that step alone).
 
 The run ends FINISHED, FAILED (with the error as the ``error`` tag) or KILLED (interrupted).
-``champion`` only moves in the very last step, so any failure before it leaves the champion
-as it was; nothing is registered before the model has trained and been evaluated. Runs hold
+``champion`` moves only in the last steps: promote moves it to the evaluated version, and
+refit (when on) then to the refit version. A failure before promote leaves the champion as it
+was; one during refit leaves the evaluated version champion (judged, and promoted); nothing is
+registered before the model has trained and been evaluated. Runs hold
 the pipeline lock, so they never overlap; a run that was killed (and so could not mark its
 MLflow run) is marked KILLED by the next run on the same host.
 """

@@ -98,10 +98,10 @@ def run_schedule(
             except (ForecasterInputError, ModelNotFoundError, TrackingUnavailableError) as exc:
                 # The run is marked FAILED in MLflow (by the next run if the server was down).
                 report.failed += 1
-                logger.error("scheduled retrain failed, champion unchanged: %s", exc)
+                logger.error("scheduled retrain failed: %s", exc)
             except Exception:
                 report.failed += 1
-                logger.exception("scheduled retrain failed, champion unchanged")
+                logger.exception("scheduled retrain failed")
             else:
                 report.succeeded += 1
                 report.last_result = result

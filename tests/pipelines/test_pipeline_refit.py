@@ -102,3 +102,26 @@ def test_a_refit_that_diverges_leaves_the_evaluated_version_champion(tmp_path, m
     assert "training loss nan" in tags["refit_skipped"]
     versions = client_for(tmp_path).search_model_versions("name='forecaster'")
     assert [str(v.version) for v in versions] == ["1"]  # nothing half-registered
+
+
+def test_the_refit_says_promoted_only_once_it_is_champion(tmp_path, monkeypatch):
+    """A run killed (SIGKILL, so nothing withdraws it) between registering the refit and moving
+    the alias left a version without alias that said "promoted". The decision is tagged after
+    the alias, as promotion tags it."""
+    from mlflow.tracking import MlflowClient
+
+    created: dict[str, dict[str, str]] = {}
+    create = MlflowClient.create_model_version
+
+    def recording(self, name, source, *args, **kwargs):
+        version = create(self, name, source, *args, **kwargs)
+        created[str(version.version)] = dict(kwargs.get("tags") or {})
+        return version
+
+    monkeypatch.setattr(MlflowClient, "create_model_version", recording)
+    result = retrain(make_settings(tmp_path, refit=True), synthetic())
+    refitted = result.refit_version.version
+    assert "promotion.decision" not in created[refitted]
+    assert "promotion.reason" in created[refitted]  # the scores travel at creation
+    tags = client_for(tmp_path).get_model_version("forecaster", refitted).tags
+    assert tags["promotion.decision"] == "promoted"

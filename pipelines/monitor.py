@@ -235,6 +235,8 @@ def monitor(
     )
     if champion is None:
         degraded, reason = False, f"{model_name} has no champion yet"
+    elif log_dir is None:
+        degraded, reason = False, "forecast logging is off (forecast_log is empty): not monitored"
     result = MonitorResult(
         realised,
         champion,

@@ -27,6 +27,7 @@ from croniter import croniter
 from forecaster.errors import ForecasterInputError, InvalidConfigError
 from pipelines.errors import ModelNotFoundError, PipelineLockedError, TrackingUnavailableError
 from pipelines.lock import pipeline_lock
+from pipelines.registry import load_version, resolve_model
 from pipelines.retrain import RetrainResult, check_champion, retrain
 from pipelines.settings import PipelineSettings, cron_problem
 
@@ -76,6 +77,13 @@ def run_schedule(
     problem = cron_problem(expression)
     if problem:
         raise InvalidConfigError(f"cron: {problem}", field="cron")
+    if on_degradation and settings.forecast_log is None:
+        # With nothing logged nothing is scored, and every tick would read as healthy.
+        raise InvalidConfigError(
+            "--on-degradation judges the champion by its logged forecasts: expected a "
+            "forecast_log directory, got none (forecast_log is empty)",
+            field="forecast_log",
+        )
     report = ScheduleReport()
     with pipeline_lock(scheduler_lock_path(settings), what="scheduler"):
         first = run_now
@@ -128,6 +136,16 @@ def _needs_retrain(settings: PipelineSettings, data: str | Path | None) -> bool:
     check = check_champion(settings, data)
     if check.champion_version is None or check.degraded:
         logger.warning("retraining: %s", check.reason)
+        return True
+    # A champion that cannot be loaded serves nothing, so it logs nothing to be judged by.
+    uri = settings.resolved_tracking_uri
+    try:
+        ref = resolve_model(
+            f"models:/{settings.model_name}/{check.champion_version}", tracking_uri=uri
+        )
+        load_version(ref, tracking_uri=uri, device="cpu")
+    except ModelNotFoundError as exc:  # UnloadableModelError included
+        logger.warning("retraining: the champion serves nothing: %s", exc)
         return True
     logger.info("champion healthy, no retrain at this tick: %s", check.reason)
     return False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -222,6 +223,36 @@ def test_schedule_on_degradation_retrains_only_a_degraded_champion(store, tmp_pa
     assert (report.healthy, report.succeeded) == (0, 1)
     assert report.last_result.monitoring.degraded
     assert len(client.search_model_versions("name='forecaster'")) == 2
+
+
+def test_on_degradation_never_reads_a_champion_without_evidence_as_healthy(
+    store, tmp_path, data_csv
+):
+    """With logging off nothing is ever scored, and a champion whose artifacts cannot be
+    loaded serves (and logs) nothing: both read as healthy at every tick, for good."""
+    from forecaster.errors import InvalidConfigError
+
+    clock = _Clock()
+    schedule = dict(data=data_csv, max_runs=1, on_degradation=True, now=clock.now)
+    with pytest.raises(InvalidConfigError, match="expected a forecast_log directory") as error:
+        run_schedule(make_settings(store, forecast_log=""), sleep=clock.sleep, **schedule)
+    assert error.value.field == "forecast_log"
+    off = check_champion(make_settings(store, forecast_log=""), data_csv)
+    assert not off.degraded and "forecast logging is off" in off.reason
+
+    # A champion whose weights are cut (a copy: the store's artifacts are shared).
+    client = client_for(store)
+    broken = tmp_path / "broken-model"
+    source = client.get_model_version_download_uri("forecaster", "1")
+    shutil.copytree(source.removeprefix("file://"), broken)
+    weights = next(broken.rglob("model.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:100])
+    version = client.create_model_version("forecaster", str(broken), run_id=None).version
+    client.set_registered_model_alias("forecaster", "champion", version)
+    settings = make_settings(store, forecast_log=str(tmp_path / "log"))
+    report = run_schedule(settings, sleep=clock.sleep, **schedule)
+    assert (report.healthy, report.succeeded) == (0, 1)
+    assert len(client.search_model_versions("name='forecaster'")) == 3
 
 
 def test_a_log_that_scores_nothing_says_why_and_predict_prunes_nothing(

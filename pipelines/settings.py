@@ -17,6 +17,7 @@ import typing
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlparse
 
 import yaml
 from croniter import CroniterBadDateError, croniter
@@ -37,6 +38,22 @@ from pipelines.registry import DEFAULT_MODEL_NAME
 PromotionMetric = Literal["mae", "mse", "rmse", "mase", "smape", "pinball"]
 
 _yaml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("yaml_file", default=None)
+
+
+# URI schemes of MLflow's tracking stores (SQLAlchemy's "postgresql+psycopg2" read as
+# "postgresql"); a single letter is a Windows drive.
+TRACKING_SCHEMES = (
+    "file",
+    "sqlite",
+    "postgresql",
+    "mysql",
+    "mssql",
+    "http",
+    "https",
+    "databricks",
+    "databricks-uc",
+    "uc",
+)
 
 
 def cron_problem(expression: str) -> str | None:
@@ -61,6 +78,8 @@ class PipelineSettings(BaseSettings):
         # The service's settings share the prefix and the .env file: ignore what is theirs.
         extra="ignore",
         protected_namespaces=(),
+        # `--set experiment=2024` reads 2024 as YAML, a number: a name all the same.
+        coerce_numbers_to_str=True,
     )
 
     # -- MLflow ---------------------------------------------------------------------------
@@ -134,6 +153,32 @@ class PipelineSettings(BaseSettings):
         problem = cron_problem(value)
         if problem:
             raise ValueError(problem)
+        return value
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _known_store(cls, value: str | None) -> str | None:
+        # MLflow refuses another scheme only when the first step opens the store.
+        scheme = urlparse(value or "").scheme.split("+")[0]
+        if value and len(scheme) > 1 and scheme not in TRACKING_SCHEMES:
+            raise ValueError(
+                f"expected a path or a URI of an MLflow store ({', '.join(TRACKING_SCHEMES)}), "
+                f"got {value!r}"
+            )
+        return value
+
+    @field_validator("experiment")
+    @classmethod
+    def _experiment_name(cls, value: str) -> str:
+        if not value.strip():  # MLflow refuses it only when the run starts
+            raise ValueError(f"expected an experiment name, got {value!r}")
+        return value
+
+    @field_validator("lock_file")
+    @classmethod
+    def _lock_is_a_file(cls, value: Path) -> Path:
+        if value.is_dir():
+            raise ValueError(f"expected the path of a lock file, got the directory {value}")
         return value
 
     @field_validator("model_name")

@@ -67,11 +67,29 @@ def test_precedence_cli_over_env_over_dotenv_over_yaml(tmp_path, monkeypatch):
         ({"model_name": "team/forecaster"}, "model_name"),
         ({"model_name": "a:b"}, "model_name"),
         ({"model_name": " "}, "model_name"),
+        # These three were tracebacks from MLflow or the lock, after the data was read.
+        ({"experiment": ""}, "experiment: expected an experiment name"),
+        ({"tracking_uri": "foo://bar"}, "tracking_uri: expected a path or a URI of an MLflow"),
+        ({"lock_file": "."}, "lock_file: expected the path of a lock file, got the directory"),
     ],
 )
 def test_invalid_settings_fail_fast_naming_the_setting(overrides, named):
     with pytest.raises(InvalidConfigError, match=named):
         PipelineSettings.load(**overrides)
+
+
+def test_names_given_as_numbers_are_names():
+    """`--set experiment=2024` reads 2024 as YAML, a number, which was refused as not a string
+    while `--experiment 2024` was taken."""
+    settings = PipelineSettings.load(experiment=2024, model_name=7)
+    assert (settings.experiment, settings.model_name) == ("2024", "7")
+    for uri in (
+        "sqlite:///m.db",
+        "postgresql+psycopg2://u@h/db",
+        "http://127.0.0.1:5000",
+        "mlruns",
+    ):
+        assert PipelineSettings.load(tracking_uri=uri).tracking_uri == uri
 
 
 def test_yaml_file_problems_are_named(tmp_path):

@@ -66,7 +66,8 @@ def ingest(
     if isinstance(source, pd.DataFrame):
         df, name = source, "<frame>"
     else:
-        df, name = load_frame(source, time_column=time_column), str(source)
+        # Absolute: a relative path names nothing to whoever reads the run later.
+        df, name = load_frame(source, time_column=time_column), str(Path(source).resolve())
     try:
         validated = validate_long_frame(
             df, covariates=covariates, min_length=min_length, allow_missing=True

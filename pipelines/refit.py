@@ -100,6 +100,14 @@ def refit(
             # evaluated version keeps @challenger.
             alias=CHAMPION,
             run_tag="refit_version",
+            description=(
+                f"Refit of version {evaluated_version.version} on all "
+                f"{data.frame['unique_id'].nunique()} series of {data.source} up to "
+                f"{data.end.isoformat()}: its configuration, epochs and learning rates, the "
+                "validation and backtest windows included; serves as champion in its place "
+                "(its scores are version "
+                f"{evaluated_version.version}'s)."
+            ),
         )
         if DECISION in evaluated_tags:
             client.set_model_version_tag(

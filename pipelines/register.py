@@ -180,10 +180,11 @@ def register(
     artifact_name: str = "model",
     alias: str = CHALLENGER,
     run_tag: str = "registered_version",
+    description: str = "",
 ) -> ModelRef:
-    """Log the model, register a new version of ``model_name`` with ``tags``, alias it
-    ``alias`` (a refit goes straight to ``champion``), tag the run with the version under
-    ``run_tag``, and return it."""
+    """Log the model, register a new version of ``model_name`` with ``tags`` and
+    ``description`` (what the registry's pages show first), alias it ``alias`` (a refit goes
+    straight to ``champion``), tag the run with the version under ``run_tag``, and return it."""
     info = log_model(
         forecaster, example, run_id=run_id, tracking_uri=client.tracking_uri, name=artifact_name
     )
@@ -198,6 +199,7 @@ def register(
         run_id=run_id,
         tags={k: str(v) for k, v in tags.items()},
         model_id=info.model_id,
+        description=description or None,
     )
     version = str(model_version.version)
     try:

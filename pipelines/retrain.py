@@ -18,6 +18,7 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import mlflow
@@ -172,7 +173,9 @@ class PipelineRun:
     def __init__(self, settings: PipelineSettings, kind: str, run_name: str | None = None):
         self.settings = settings
         self.kind = kind
-        self.run_name = run_name
+        # A name that says what ran and when, where MLflow would draw a random one.
+        started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        self.run_name = run_name or f"{kind} {started}"
         self.uri = settings.resolved_tracking_uri
         self.client = tracking.client(self.uri)
         self.experiment_id = ""
@@ -279,6 +282,13 @@ def train_and_register(
             **{f"backtest.{name}": f"{value:.6g}" for name, value in evaluation.model.items()},
             BACKTEST_MASE_BY_STEP: step_tag(evaluation.mase_by_step),
         },
+        description=(
+            f"Trained on {data.frame['unique_id'].nunique()} series of {data.source} up to "
+            f"{parts.val_end.isoformat()} (run {run.run_name}). Backtest MASE "
+            f"{evaluation.model.get('mase', float('nan')):.4g} vs seasonal naive "
+            f"{evaluation.baseline.get('mase', float('nan')):.4g} over the last "
+            f"{evaluation.n_windows} x {evaluation.horizon} points of each series."
+        ),
     )
     return TrainResultSummary(run.run_id, data, parts, outcome, evaluation, version)
 

@@ -31,6 +31,8 @@ def test_the_promoted_configuration_is_refit_on_all_data_and_serves(tmp_path):
     assert tags["train.glitches"] == "0"  # what the refit left out of all the data
     assert client.get_model_version("forecaster", evaluated).tags["refit.version"] == refitted
     assert tags["promotion.decision"] == "promoted"  # the evaluated twin's scores travel along
+    description = client.get_model_version("forecaster", refitted).description
+    assert description.startswith(f"Refit of version {evaluated} on all ")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     champion = resolve_model("models:/forecaster@champion", tracking_uri=uri)
     assert champion.version == refitted

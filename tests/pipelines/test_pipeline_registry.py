@@ -71,22 +71,30 @@ def test_the_run_holds_params_learning_curves_metrics_and_artifacts(champion_sto
     assert Path(local).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_the_run_names_the_training_readings_read_as_glitches(tmp_path, capsys):
+def test_the_run_names_the_training_readings_read_as_glitches(tmp_path, capsys, monkeypatch):
     """A bad reading in the training data is found: the CLI, the run and the version count
-    it, and the run lists it."""
+    it, and the run lists it. What MLflow's pages show first says what the run and the versions
+    are (they had random run names and no description), and the data's path is absolute."""
     frame = synthetic()
     bad = frame.index[frame["unique_id"] == frame["unique_id"].iloc[0]][100]
     frame.loc[bad, "y"] = 10 * frame["y"].abs().max()
     frame.to_csv(tmp_path / "series.csv", index=False)
     cfg = config_file(tmp_path)
-    assert main(["retrain", "--config", str(cfg), "--data", str(tmp_path / "series.csv")]) == 0
+    monkeypatch.chdir(tmp_path)
+    assert main(["retrain", "--config", str(cfg), "--data", "series.csv"]) == 0
     assert (
         "glitches  1 reading(s) of the training data look like glitches" in capsys.readouterr().out
     )
     client = client_for(tmp_path)
     version = client.get_model_version("forecaster", "1")
     assert version.tags["train.glitches"] == "1"
-    assert client.get_run(version.run_id).data.metrics["training_glitches"] == 1
+    run = client.get_run(version.run_id)
+    assert run.data.metrics["training_glitches"] == 1
+    assert run.info.run_name.startswith("retrain 20")
+    source = str((tmp_path / "series.csv").resolve())
+    assert version.tags["data.source"] == source
+    assert version.description.startswith(f"Trained on 4 series of {source} up to ")
+    assert "Backtest MASE" in version.description and "seasonal naive" in version.description
     local = client.download_artifacts(version.run_id, "data/training_glitches.csv", str(tmp_path))
     listed = pd.read_csv(local, parse_dates=["ds"])
     assert listed.to_dict("list") == {

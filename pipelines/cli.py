@@ -115,13 +115,8 @@ def load_settings(args: argparse.Namespace):
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = value
-    if overrides.get("model") or overrides.get("train"):
-        # Merge --set sections over the other sources rather than replacing them.
-        base = PipelineSettings.load(getattr(args, "config", None))
-        for section in ("model", "train"):
-            # Anything but a mapping is left for the settings' own check to name.
-            if isinstance(overrides.get(section), dict):
-                overrides[section] = {**getattr(base, section), **overrides[section]}
+    # pydantic-settings merges --set's model and train sections key by key over the YAML's and
+    # the environment's, and validates once: a --set may fix what the YAML alone gets wrong.
     return PipelineSettings.load(getattr(args, "config", None), **overrides)
 
 

@@ -116,3 +116,21 @@ def test_the_demo_configuration_builds_the_model_it_names():
     model_config = settings.model_config_obj()
     assert (model_config.context_length, model_config.prediction_length) == (168, 24)
     assert settings.train_config_obj().max_epochs >= 1
+
+
+def test_set_merges_over_the_yaml_and_may_fix_what_it_gets_wrong(tmp_path, monkeypatch):
+    """The YAML alone (val_length below its horizon) was validated before --set was merged,
+    so `--set model.prediction_length=24` could not fix it while the environment could."""
+    import argparse
+
+    from pipelines.cli import load_settings
+
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("model:\n  context_length: 48\n  prediction_length: 96\nval_length: 30\n")
+    monkeypatch.setenv("FORECASTER_MODEL__D_MODEL", "16")
+    args = argparse.Namespace(config=str(cfg), set=["model.prediction_length=24"])
+    settings = load_settings(args)
+    config = settings.model_config_obj()
+    assert (config.context_length, config.prediction_length, config.d_model) == (48, 24, 16)
+    with pytest.raises(InvalidConfigError, match="val_length: expected at least the horizon"):
+        load_settings(argparse.Namespace(config=str(cfg), set=[]))

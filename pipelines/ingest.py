@@ -29,6 +29,8 @@ class IngestResult:
     start: pd.Timestamp  # earliest timestamp
     end: pd.Timestamp  # latest timestamp
     source: str  # the file it came from, or "<frame>"
+    # Series too short for the run's split, left out of `frame` (`ingest(leave_out_short=True)`).
+    left_out: tuple[str, ...] = ()
 
     def as_params(self) -> dict[str, Any]:
         return {
@@ -36,6 +38,7 @@ class IngestResult:
             "data.fingerprint": self.fingerprint,
             "data.freq": self.freq,
             "data.n_series": self.n_series,
+            "data.n_series_left_out": len(self.left_out),
             "data.n_rows": len(self.frame),
             "data.start": self.start.isoformat(),
             "data.end": self.end.isoformat(),
@@ -49,6 +52,7 @@ def ingest(
     min_length: int = 1,
     time_column: str | None = None,
     requirement: str = "",
+    leave_out_short: bool = False,
 ) -> IngestResult:
     """Load ``source`` and check it with the core's validation rules.
 
@@ -59,6 +63,10 @@ def ingest(
             timestamps are kept as missing values (NaN rows), which the model masks.
         time_column: time column of a wide file (default "date").
         requirement: what ``min_length`` is made of, added to a too-short error.
+        leave_out_short: series with fewer than ``min_length`` observed points are left out
+            of the result, with a warning, instead of refusing the data (new products or
+            sensors in a catalogue; a global model still forecasts them). Refused when no
+            series is long enough.
 
     Raises:
         ForecasterInputError: any problem with the file or its content, naming it.
@@ -70,8 +78,16 @@ def ingest(
         df, name = load_frame(source, time_column=time_column), str(Path(source).resolve())
     try:
         validated = validate_long_frame(
-            df, covariates=covariates, min_length=min_length, allow_missing=True
+            df,
+            covariates=covariates,
+            min_length=1 if leave_out_short else min_length,
+            allow_missing=True,
         )
+        left_out = _short_series(validated, min_length) if leave_out_short else ()
+        if len(left_out) == validated.n_series:  # nothing left: refused, as without the option
+            validate_long_frame(
+                df, covariates=covariates, min_length=min_length, allow_missing=True
+            )
     except SeriesTooShortError as exc:
         if not requirement:
             raise
@@ -79,6 +95,18 @@ def ingest(
             f"{exc.message}; {requirement}", series_id=exc.series_id, field=exc.field
         ) from None
     frame = validated.frame
+    if left_out:
+        frame = frame[~frame["unique_id"].isin(left_out)].reset_index(drop=True)
+        logger.warning(
+            "%s: %d of %d series have fewer than %d observed points (%s), the first %r; they are "
+            "left out of this run's training and evaluation, and the model still forecasts them",
+            name,
+            len(left_out),
+            validated.n_series,
+            min_length,
+            requirement or "the run's split",
+            left_out[0],
+        )
     if not isinstance(source, pd.DataFrame):
         _warn_if_cut_short(Path(source))
     _warn_of_early_ends(validated, name)
@@ -94,11 +122,12 @@ def ingest(
     result = IngestResult(
         frame=frame,
         freq=validated.freq,
-        n_series=validated.n_series,
+        n_series=validated.n_series - len(left_out),
         fingerprint=fingerprint(frame),
         start=pd.Timestamp(frame["ds"].min()),
         end=pd.Timestamp(frame["ds"].max()),
         source=name,
+        left_out=left_out,
     )
     logger.info(
         "ingested %s: %d series, %d rows, freq %s, %s .. %s, %s",
@@ -111,6 +140,15 @@ def ingest(
         result.fingerprint[:19],
     )
     return result
+
+
+def _short_series(validated: ValidatedFrame, min_length: int) -> tuple[str, ...]:
+    """The ids of the series with fewer than `min_length` observed points."""
+    observed = ~np.isnan(validated.columns["y"])
+    counts = np.add.reduceat(observed, validated.offsets[:-1]) if observed.size else observed
+    return tuple(
+        sid for sid, count in zip(validated.series_ids, counts, strict=True) if count < min_length
+    )
 
 
 def _warn_if_cut_short(path: Path) -> None:

@@ -116,6 +116,7 @@ def load_data(
         min_length=plan.min_series_length if to_train else 1,
         time_column=settings.time_column,
         requirement=plan.describe() if to_train else "",
+        leave_out_short=to_train and settings.short_series == "leave_out",
     )
 
 

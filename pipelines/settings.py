@@ -96,6 +96,10 @@ class PipelineSettings(BaseSettings):
     data: Path | None = None
     # Time column of a wide file (default "date").
     time_column: str | None = None
+    # Series too short for the split (train, validation, backtest windows): left out of the
+    # run's training and evaluation with a warning (new products or sensors; the model still
+    # forecasts them), or refused, failing the run.
+    short_series: Literal["leave_out", "refuse"] = "leave_out"
 
     # -- model ----------------------------------------------------------------------------
     # Overrides of forecaster.ModelConfig / TrainConfig fields, e.g. {"context_length": 96}.

@@ -59,10 +59,11 @@ def _duplicates(tmp_path):
 
 
 def _too_short(tmp_path):
-    # Shorter than one training window (H + 1 points) plus validation and test.
+    # Every series shorter than one training window (H + 1 points) plus validation and test:
+    # nothing is left to train on.
     df = _good()
-    df = df[~((df["unique_id"] == "series_002") & (df.groupby("unique_id").cumcount() >= 40))]
-    return _write(df, tmp_path / "d.csv"), "series_002"
+    df = df[df.groupby("unique_id").cumcount() < 40]
+    return _write(df, tmp_path / "d.csv"), "series_000"
 
 
 def _empty_file(tmp_path):
@@ -114,6 +115,40 @@ def test_too_short_names_the_configured_lengths(store, tmp_path, capsys):
     err = capsys.readouterr().err
     horizon = TINY_MODEL["prediction_length"]
     assert f"prediction_length={horizon} needs {horizon + 1} training points" in err
+
+
+def test_a_series_too_short_for_the_split_is_left_out_not_the_run(store, tmp_path, caplog):
+    """A new product of 40 points in a catalogue failed every retrain: it is left out of the
+    run's training and evaluation, said so, and the champion still forecasts it. With
+    short_series=refuse the run fails naming it, as before."""
+    import logging
+
+    from forecaster import Forecaster
+    from pipelines.registry import load_forecaster
+
+    root, cfg = store
+    df = _good()
+    from_end = df.groupby("unique_id").cumcount(ascending=False)
+    new = (df["unique_id"] == "series_002") & (from_end >= 40)
+    df = df[~new].reset_index(drop=True)  # series_002 starts late: its last 40 points
+    path = _write(df, tmp_path / "d.csv")
+    argv = ["retrain", "--config", str(cfg), "--data", path]
+    assert main([*argv, "--set", "short_series=refuse"]) == 2
+    assert client_for(root).search_model_versions("name='forecaster'") == []
+    with caplog.at_level(logging.WARNING, logger="pipelines.ingest"):
+        assert main(argv) == 0
+    assert "1 of 4 series have fewer than" in caplog.text and "'series_002'" in caplog.text
+    client = client_for(root)
+    version = client.get_model_version("forecaster", "1")
+    params = client.get_run(version.run_id).data.params
+    assert (params["data.n_series"], params["data.n_series_left_out"]) == ("3", "1")
+    champion = load_forecaster(
+        "models:/forecaster@champion", tracking_uri=f"sqlite:///{root / 'mlflow.db'}"
+    )
+    assert isinstance(champion.forecaster, Forecaster)
+    forecast = champion.forecaster.predict(df)
+    assert set(forecast["unique_id"]) == set(df["unique_id"])
+    assert forecast["mean"].notna().all()
 
 
 def test_a_failed_run_is_recorded_as_failed_with_its_error(store, tmp_path):

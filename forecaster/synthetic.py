@@ -44,7 +44,7 @@ def generate_synthetic(
     ds = pd.DatetimeIndex(regular_range(start, n_steps, freq))
     hours = (ds - ds[0]) / pd.Timedelta(hours=1)
     day_phase = 2 * np.pi * (ds.hour + ds.minute / 60.0).to_numpy() / 24.0
-    week_phase = 2 * np.pi * (ds.dayofweek.to_numpy() + day_phase / (2 * np.pi)) / 7.0
+    week_phase = 2 * np.pi * (ds.day_of_week.to_numpy() + day_phase / (2 * np.pi)) / 7.0
     t = np.asarray(hours, dtype=np.float64) / 24.0  # days since start
 
     level = rng.uniform(10.0, 100.0, n_series)

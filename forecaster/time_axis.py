@@ -627,7 +627,7 @@ def infer_offset(
             return to_offset("B")
         return to_offset("D")
     if days == 7:
-        return to_offset(f"W-{_WEEKDAYS[first.dayofweek]}")
+        return to_offset(f"W-{_WEEKDAYS[first.day_of_week]}")
     for low, high, months in _MONTH_SPANS:
         if low <= days <= high:
             return _calendar_offset(first, months, str(uniques[codes[0]]))
@@ -667,9 +667,9 @@ def calendar_features(ds: pd.DatetimeIndex | pd.Series | np.ndarray) -> np.ndarr
     out = np.empty((len(index), len(CALENDAR_FEATURES)), dtype=np.float32)
     out[:, 0] = index.minute / 59.0 - 0.5
     out[:, 1] = index.hour / 23.0 - 0.5
-    out[:, 2] = index.dayofweek / 6.0 - 0.5
+    out[:, 2] = index.day_of_week / 6.0 - 0.5
     out[:, 3] = (index.day - 1) / 30.0 - 0.5
-    out[:, 4] = (index.dayofyear - 1) / 365.0 - 0.5
+    out[:, 4] = (index.day_of_year - 1) / 365.0 - 0.5
     out[:, 5] = (index.month - 1) / 11.0 - 0.5
     return out
 

@@ -556,7 +556,7 @@ def test_business_hours_are_forecast_on_business_hours(tmp_path):
     forecast = model.predict(given)
     local = forecast["ds"].dt.tz_localize(None)
     assert local.iloc[:3].tolist() == list(pd.date_range("2024-04-25 08:00", periods=3, freq="h"))
-    assert local.dt.hour.between(8, 17).all() and (local.dt.dayofweek < 5).all()
+    assert local.dt.hour.between(8, 17).all() and (local.dt.day_of_week < 5).all()
     model.save(tmp_path / "model")
     again = Forecaster.load(tmp_path / "model")
     pd.testing.assert_frame_equal(again.predict(given), forecast)

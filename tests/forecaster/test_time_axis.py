@@ -342,3 +342,17 @@ def test_a_timestamp_outside_the_range_names_its_series(sentinel):
         parse_timestamps(col, np.array(["a", "a", "b"], dtype=object))
     assert info.value.series_id == "b"
     assert parse_iso(["2024-01-01T00:00:00", "1500-01-01T00:00:00"]) is None
+
+
+def test_weekly_data_reads_without_pandas_deprecations():
+    """Inferring a weekly anchor and the day-of-week feature used `dayofweek`, which pandas 3
+    deprecates (a warning on every weekly frame) and pandas 4 removes."""
+    import warnings
+
+    from forecaster.validation import infer_frequency
+
+    weeks = pd.date_range("2024-01-07", periods=10, freq="W-SUN")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert infer_frequency(pd.Series(weeks)) == "W-SUN"
+        assert calendar_features(weeks).shape[0] == len(weeks)

@@ -110,7 +110,7 @@ def test_a_model_with_covariates_is_registered_promoted_refit_and_served(tmp_pat
     from pipelines.retrain import retrain
 
     frame = synthetic()
-    frame["promo"] = (frame["ds"].dt.dayofweek == 5).astype(float)
+    frame["promo"] = (frame["ds"].dt.day_of_week == 5).astype(float)
     frame["y"] += 5.0 * frame["promo"]
     settings = make_settings(tmp_path, model={"covariates": ["promo"]}, refit=True)
     result = retrain(settings, frame)

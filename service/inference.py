@@ -27,7 +27,6 @@ from forecaster.time_axis import (
     read_datetimes,
     regular_range,
     steps_after,
-    wall_clock_for,
 )
 from forecaster.validation import series_codes
 from service.errors import InvalidInputError
@@ -184,15 +183,14 @@ def request_frames(
     covariates: Sequence[str],
     horizon: int,
     model_freq: str,
+    wall_clock: bool,
     first_index: int = 0,
     max_horizon: int | None = None,
-    wall_clock: bool | None = None,
 ) -> FrameParts:
     """The history columns and, for models with covariates, the future covariate columns.
 
     Timestamps go through the time axis (aware ones read on their wall clock or in UTC as the
-    model reads them, `wall_clock`, by default as its frequency says; the nanosecond range
-    checked);
+    model reads them, `Forecaster.wall_clock`; the nanosecond range checked);
     future covariates are stamped with the steps after each series' end on the model's
     frequency, which the core checks the history against. `first_index` is the position of
     `series[0]` in the request (for error messages about a chunk of a large request). A
@@ -216,8 +214,7 @@ def request_frames(
             )
         try:
             if s.timestamps is not None:
-                clock = wall_clock_for(model_freq) if wall_clock is None else wall_clock
-                ds, _ = read_datetimes(s.timestamps, wall_clock=clock)
+                ds, _ = read_datetimes(s.timestamps, wall_clock=wall_clock)
             else:
                 ds = regular_range(s.start, n, s.freq, roll_forward=False, wall_clock=wall_clock)
         except ForecasterInputError as exc:

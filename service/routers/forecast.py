@@ -93,9 +93,9 @@ async def forecast(
                 covariates,
                 horizon,
                 forecaster.freq,
+                forecaster.wall_clock,
                 first,
                 max_horizon=forecaster.max_horizon,
-                wall_clock=forecaster.wall_clock,
             ),
         )
         for first in range(0, len(series), size)

@@ -233,7 +233,7 @@ class Forecaster:
         `val_df` is not used.
         """
         mc = self._given_model_config
-        train = validate_long_frame(df, covariates=mc.covariates, allow_missing=True)
+        train = validate_long_frame(df, covariates=mc.covariates, allow_missing=True).in_id_order()
         freq = train.freq
         if mc.patch_length is None:
             mc = dataclasses.replace(mc, patch_length=patch_length_for(freq))
@@ -252,7 +252,7 @@ class Forecaster:
                 freq=freq,
                 allow_missing=True,
                 wall_clock=train.wall_clock,
-            )
+            ).in_id_order()
             val_panel = SeriesPanel.from_validated(
                 validated_val, mc, self._glitches(validated_val, mc) if masked else None
             )

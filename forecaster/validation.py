@@ -93,6 +93,25 @@ class ValidatedFrame:
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.columns)
 
+    def in_id_order(self) -> ValidatedFrame:
+        """The same frame with its series ordered by id, so that what is computed over the
+        series in turn (training's shuffles, held-out series) does not depend on the order the
+        caller's rows came in."""
+        order = np.argsort(np.asarray(self.series_ids, dtype=object), kind="stable")
+        if (order == np.arange(len(order))).all():
+            return self
+        lengths = np.diff(self.offsets)
+        rows = np.concatenate(
+            [np.arange(self.offsets[k], self.offsets[k + 1]) for k in order] or [np.arange(0)]
+        )
+        return ValidatedFrame(
+            columns={name: column[rows] for name, column in self.columns.items()},
+            freq=self.freq,
+            series_ids=[self.series_ids[k] for k in order],
+            offsets=np.r_[0, np.cumsum(lengths[order])].astype(np.int64),
+            wall_clock=self.wall_clock,
+        )
+
 
 # --------------------------------------------------------------------------------------------
 # public API

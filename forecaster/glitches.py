@@ -26,9 +26,10 @@ sends a zero, and a zero inside a strong cycle or at the end of a short trending
 within the spread the two references above measure; counts of a few units are never read so,
 because their zeros are a few quanta from their other readings.
 
-Only an isolated step is a glitch: its neighbours are observed and not outlying themselves
-(by the same reference), so a level shift (two outlying steps in a row or more) is never
-masked, nor a day that differs from the days around it as a whole. A step with one neighbour
+Only an isolated step is a glitch: its neighbours are observed, not outlying themselves (by
+the same reference) and apart from it (it lies further from each than half its deviation), so
+a level shift (two outlying steps in a row or more) is never masked, nor a day that differs
+from the days around it as a whole. A step with one neighbour
 only (the last step of a context, a series' first, a step beside a gap) has half the
 evidence: the other side cannot tell a spike from the start of a shift, so it must lie
 `EDGE_FACTOR` times as far out. A jump in the last reading alone is kept unless it is that
@@ -92,8 +93,14 @@ def _isolated_outliers(
     x: torch.Tensor, observed: torch.Tensor, reference: torch.Tensor, threshold: float
 ) -> torch.Tensor:
     """Steps of `x` (NaN where unobserved) further than `threshold` robust deviations from
-    `reference`, both of whose neighbours are observed and not so far out; with one neighbour
-    only, `EDGE_FACTOR` times as far out: (B, L) bool."""
+    `reference`, both of whose neighbours are observed, not so far out and apart from the step;
+    with one neighbour only, `EDGE_FACTOR` times as far out: (B, L) bool.
+
+    A neighbour is apart when the step lies further from it than half the step's deviation. A
+    neighbour judged against its own reference can look ordinary beside the first step of a
+    shift: a window cut at the row's end holds as many steps before the shift as after, so the
+    median flips from the old level to the new between the two (an hourly +60 shift held over
+    the last 12 steps had its first step masked)."""
     deviation = (x - reference).abs()  # NaN where unobserved or without a reference
     spread = _MAD_TO_STD * _rolling_nanmedian(deviation, GLITCH_WINDOW)
     outlying = (deviation > threshold * spread) & (spread > 0)  # False wherever NaN
@@ -101,7 +108,9 @@ def _isolated_outliers(
     # Each step's neighbours, the row's ends continued by unobserved steps.
     ordinary = F.pad(observed & ~outlying, (1, 1))  # (B, L + 2)
     missing = F.pad(~observed, (1, 1), value=True)  # (B, L + 2)
-    left_ok, right_ok = ordinary[:, :-2], ordinary[:, 2:]
+    beside = F.pad(x, (1, 1), value=float("nan"))  # (B, L + 2)
+    apart = [(x - beside[:, k : k + x.shape[1]]).abs() > deviation / 2 for k in (0, 2)]
+    left_ok, right_ok = ordinary[:, :-2] & apart[0], ordinary[:, 2:] & apart[1]
     one_sided = (left_ok & missing[:, 2:]) | (missing[:, :-2] & right_ok)
     return (outlying & left_ok & right_ok) | (far_out & one_sided)
 

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import difflib
+import os
 import typing
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +24,7 @@ from urllib.parse import urlparse
 
 import yaml
 from croniter import CroniterBadDateError, croniter
+from dotenv import dotenv_values
 from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
@@ -68,11 +72,43 @@ def cron_problem(expression: str) -> str | None:
     return None
 
 
+ENV_PREFIX = "FORECASTER_"
+# Variables under ENV_PREFIX that are not the pipelines': the service's settings and the device
+# the registered pyfunc model runs on.
+OTHER_VARIABLES = ("FORECASTER_SERVICE_", "FORECASTER_DEVICE")
+
+
+def check_variables(prefix: str, known: Iterable[str], others: Iterable[str] = ()) -> None:
+    """Refuse a variable of the environment or of ./.env that starts with `prefix` and names
+    no setting in `known` (a nested one by its first part, before "__"): settings ignore such
+    variables, so a misspelled one changed nothing, silently. Variables starting with one of
+    `others` belong to another deployable.
+
+    Raises:
+        InvalidConfigError: naming the variable, and the setting it most resembles.
+    """
+    known = {k.lower() for k in known}
+    found = dict(dotenv_values(".env")) if Path(".env").is_file() else {}
+    for name in [*found, *os.environ]:
+        upper = name.upper()
+        if not upper.startswith(prefix) or any(upper.startswith(o) for o in others):
+            continue
+        key = name[len(prefix) :].lower().split("__")[0]
+        if key not in known:
+            guess = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean {prefix}{guess[0].upper()}?" if guess else ""
+            raise InvalidConfigError(
+                f"environment variable {name}: expected {prefix} followed by a setting "
+                f"({', '.join(sorted(known))}){hint}",
+                field=name,
+            )
+
+
 class PipelineSettings(BaseSettings):
     """Everything the train / evaluate / register / promote / schedule steps read."""
 
     model_config = SettingsConfigDict(
-        env_prefix="FORECASTER_",
+        env_prefix=ENV_PREFIX,
         env_file=".env",
         env_nested_delimiter="__",
         # The service's settings share the prefix and the .env file: ignore what is theirs.
@@ -266,6 +302,7 @@ class PipelineSettings(BaseSettings):
                 f"unknown setting(s) {unknown}; expected some of {sorted(cls.model_fields)}",
                 field=unknown[0],
             )
+        check_variables(ENV_PREFIX, cls.model_fields, OTHER_VARIABLES)
         token = _yaml_file.set(path)
         try:
             return cls(**{k: v for k, v in overrides.items() if v is not None})

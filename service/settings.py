@@ -105,6 +105,14 @@ class ServiceSettings(BaseSettings):
 
     log_level: str = "info"
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_unknown_variables(cls, data: object) -> object:
+        from pipelines.settings import check_variables  # the one check of our variables
+
+        check_variables(ENV_PREFIX, cls.model_fields)
+        return data
+
     @field_validator("api_keys", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:

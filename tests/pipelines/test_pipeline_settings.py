@@ -40,7 +40,10 @@ def test_precedence_cli_over_env_over_dotenv_over_yaml(tmp_path, monkeypatch):
         "experiment: from-yaml\nmodel_name: yaml-model\npromotion_margin: 0.1\n"
         "model:\n  context_length: 48\n  prediction_length: 12\n"
     )
-    (tmp_path / ".env").write_text("FORECASTER_MODEL_NAME=dotenv-model\nFORECASTER_PORT=9\n")
+    # The service's settings share the .env file.
+    (tmp_path / ".env").write_text(
+        "FORECASTER_MODEL_NAME=dotenv-model\nFORECASTER_SERVICE_PORT=9\nFORECASTER_DEVICE=cpu\n"
+    )
     monkeypatch.setenv("FORECASTER_PROMOTION_MARGIN", "0.2")
     monkeypatch.setenv("FORECASTER_MODEL__D_MODEL", "16")
     settings = PipelineSettings.load(tmp_path / "cfg.yaml", experiment="from-cli")
@@ -50,6 +53,27 @@ def test_precedence_cli_over_env_over_dotenv_over_yaml(tmp_path, monkeypatch):
     config = settings.model_config_obj()
     # Nested overrides from YAML and the environment merge; strings are coerced.
     assert (config.context_length, config.prediction_length, config.d_model) == (48, 12, 16)
+
+
+@pytest.mark.parametrize(
+    ("where", "name", "hint"),
+    [
+        ("environment", "FORECASTER_PROMOTION_MARGN", "FORECASTER_PROMOTION_MARGIN"),
+        ("environment", "FORECASTER_MODLE__CONTEXT_LENGTH", "FORECASTER_MODEL"),
+        (".env", "FORECASTER_TRACKING_URL", "FORECASTER_TRACKING_URI"),
+    ],
+)
+def test_a_misspelled_variable_is_refused_naming_it(tmp_path, monkeypatch, where, name, hint):
+    """Settings ignore variables that name no setting: a misspelled one changed nothing, and
+    the run went on against the default store."""
+    monkeypatch.chdir(tmp_path)
+    if where == ".env":
+        (tmp_path / ".env").write_text(f"{name}=sqlite:///other.db\n")
+    else:
+        monkeypatch.setenv(name, "0.1")
+    with pytest.raises(InvalidConfigError, match=f"{name}: .*did you mean {hint}") as error:
+        PipelineSettings.load()
+    assert error.value.field == name
 
 
 @pytest.mark.parametrize(

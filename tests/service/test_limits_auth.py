@@ -203,3 +203,17 @@ def test_settings_from_environment(tmp_path, monkeypatch):
     assert [k.get_secret_value() for k in settings.api_keys] == [API_KEY, "second-key-0123456789"]
     assert settings.model_label == "demand@staging"
     assert API_KEY not in repr(settings)
+
+
+def test_a_misspelled_environment_variable_is_refused_naming_it(tmp_path, monkeypatch):
+    """Settings ignore variables that name no setting: FORECASTER_SERVICE_API_KEY (one letter
+    short) left the service open to every caller, silently."""
+    from pydantic import ValidationError
+
+    from service.settings import ServiceSettings
+
+    monkeypatch.setenv("FORECASTER_SERVICE_API_KEY", API_KEY)
+    with pytest.raises(
+        ValidationError, match="FORECASTER_SERVICE_API_KEY.*FORECASTER_SERVICE_API_KEYS"
+    ):
+        ServiceSettings(data_dir=tmp_path)

@@ -79,7 +79,7 @@ def wide_to_long(df: pd.DataFrame, time_column: str = "date") -> pd.DataFrame:
             f"{list(map(str, df.columns))}",
             field=time_column,
         )
-    ds = parse_timestamps(df[time_column])
+    ds = parse_timestamps(df[time_column], column=time_column)
     n_rows, n_cols = len(df), len(value_columns)
     values = np.column_stack(  # (T, C)
         [v.to_numpy(dtype=np.float64, na_value=np.nan) for v in columns.values()]

@@ -204,34 +204,47 @@ def business_hours(wall: np.ndarray) -> tuple[int, int] | None:
 
 
 def parse_timestamps(
-    col: pd.Series | np.ndarray, ids: np.ndarray | None = None, *, wall_clock: bool | None = None
+    col: pd.Series | np.ndarray,
+    ids: np.ndarray | None = None,
+    *,
+    wall_clock: bool | None = None,
+    column: str = TIME,
 ) -> np.ndarray:
     """`ds` as a tz-naive datetime64[ns] numpy array; see `read_timestamps`."""
-    return read_timestamps(col, ids, wall_clock=wall_clock)[0]
+    return read_timestamps(col, ids, wall_clock=wall_clock, column=column)[0]
 
 
 def read_timestamps(
-    col: pd.Series | np.ndarray, ids: np.ndarray | None = None, *, wall_clock: bool | None = None
+    col: pd.Series | np.ndarray,
+    ids: np.ndarray | None = None,
+    *,
+    wall_clock: bool | None = None,
+    column: str = TIME,
 ) -> tuple[np.ndarray, bool | None]:
     """`ds` as a tz-naive datetime64[ns] numpy array, and whether it was read on its zone's wall
     clock (None for naive input, which has no zone to read).
 
     Aware input is read on its wall clock or in UTC as `on_wall_clock` decides, or as
     `wall_clock` says (a frame that must be read as another one was, a single start).
-    `ids` (the series id of each row) only serves the error message.
+    `ids` (the series id of each row; None where the timestamps are no series' own, as a wide
+    file's time column) and `column` (the column's name) only serve the error message.
     """
     if isinstance(col, np.ndarray) and col.dtype == _NS and not np.isnat(col).any():
         return col, None  # already what this returns (the service's road)
     col = pd.Series(col)
-    if ids is None:
-        ids = pd.array(["series"] * len(col), dtype="str")
+
+    def series_of(i: int) -> tuple[str | None, str]:
+        """Row i's series id and the message's prefix naming it."""
+        sid = None if ids is None else str(ids[i])
+        return sid, "" if sid is None else f"series {sid!r}: "
+
     if pd.api.types.is_bool_dtype(col) or pd.api.types.is_numeric_dtype(col):
-        sid = str(ids[0])
+        sid, where = series_of(0)
         raise InvalidTimestampsError(
-            f"{TIME} holds numbers (dtype {col.dtype}), expected timestamps such as "
-            f"'2024-01-01 00:00'; first value {col.iat[0]} in series {sid!r}",
+            f"{where}{column} holds numbers (dtype {col.dtype}), expected timestamps such as "
+            f"'2024-01-01 00:00'; first value {col.iat[0]}",
             series_id=sid,
-            field=TIME,
+            field=column,
         )
     try:
         parsed, error = _to_datetime(col), None
@@ -247,7 +260,7 @@ def read_timestamps(
     nat = parsed.isna().to_numpy()
     if nat.any():
         i = int(np.argmax(nat))
-        sid = str(ids[i])
+        sid, where = series_of(i)
         raw = col.iat[i]
         what = "is missing" if pd.isna(raw) else f"value {raw!r} is not a timestamp"
         if not pd.isna(raw) and _mixes_zones(col, raw):
@@ -256,10 +269,9 @@ def read_timestamps(
                 "have one (or the other way round)"
             )
         raise InvalidTimestampsError(
-            f"series {sid!r}: {TIME} {what} at row {i}; expected a timestamp such as "
-            "'2024-01-01 00:00'",
+            f"{where}{column} {what} at row {i}; expected a timestamp such as '2024-01-01 00:00'",
             series_id=sid,
-            field=TIME,
+            field=column,
         )
     on_wall = None
     if isinstance(parsed.dtype, pd.DatetimeTZDtype):
@@ -274,15 +286,14 @@ def read_timestamps(
         outside = (as_us < _MIN_US) | (as_us > _MAX_US)
         if not outside.any():
             raise InvalidTimestampsError(
-                f"{TIME} could not be read as timestamps in {RANGE}: {exc}", field=TIME
+                f"{column} could not be read as timestamps in {RANGE}: {exc}", field=column
             ) from None
         i = int(np.argmax(outside))
-        sid = str(ids[i])
+        sid, where = series_of(i)
         raise InvalidTimestampsError(
-            f"series {sid!r}: {TIME} {col.iat[i]!r} at row {i} is outside the supported range "
-            f"{RANGE}",
+            f"{where}{column} {col.iat[i]!r} at row {i} is outside the supported range {RANGE}",
             series_id=sid,
-            field=TIME,
+            field=column,
         ) from None
 
 

@@ -18,6 +18,7 @@ from forecaster.data import (
 from forecaster.errors import (
     EmptyDataError,
     ForecasterInputError,
+    InvalidTimestampsError,
     MissingColumnsError,
     NonNumericValuesError,
     SeriesTooShortError,
@@ -72,6 +73,20 @@ def test_a_typo_in_a_wide_column_names_the_cell_instead_of_dropping_the_series(t
     long = wide_to_long(blank)
     assert long["unique_id"].unique().tolist() == ["HUFL", "OT"]  # "note" is a label column
     assert long["y"].isna().sum() == 1
+
+
+def test_a_bad_date_in_a_wide_file_is_named_by_its_column_not_a_series(tmp_path):
+    """The time column is no series' own: its bad cell was reported in "series 'series'"."""
+    path = tmp_path / "wide.csv"
+    wide = wide_frame().rename(columns={"date": "timestamp"}).astype({"timestamp": object})
+    wide.assign(timestamp=lambda d: d["timestamp"].where(d.index != 4, "yesterday")).to_csv(
+        path, index=False
+    )
+    with pytest.raises(
+        InvalidTimestampsError, match="^timestamp value 'yesterday'.* row 4"
+    ) as info:
+        load_frame(path, time_column="timestamp")
+    assert (info.value.field, info.value.series_id) == ("timestamp", None)
 
 
 def test_wide_with_other_time_column():

@@ -20,6 +20,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import mlflow
+from filelock import FileLock
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
@@ -65,7 +66,32 @@ def is_local_store(tracking_uri: str) -> bool:
 def client(tracking_uri: str | None = None) -> MlflowClient:
     """An ``MlflowClient`` with bounded HTTP requests; the registry follows MLflow's rules."""
     bound_http_requests()
-    return MlflowClient(tracking_uri=resolve_tracking_uri(tracking_uri))
+    uri = resolve_tracking_uri(tracking_uri)
+    _create_sqlite_tables(uri)
+    return MlflowClient(tracking_uri=uri)
+
+
+_SQLITE_STORES_READY: set[str] = set()
+
+
+def _create_sqlite_tables(uri: str) -> None:
+    """Have a SQLite store's tables created by one process at a time, once per process.
+
+    MLflow creates them when a process first opens the store, and two processes opening a
+    fresh store together (a retrain beside a monitor, two working directories sharing one
+    file) both ran the creation: one died on "table registered_model_tags already exists".
+    The lock is a file beside the database."""
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix) or uri in _SQLITE_STORES_READY:
+        return
+    database = Path(uri[len(prefix) :].split("?")[0])
+    if str(database) in ("", ":memory:") or not database.parent.is_dir():
+        return  # MLflow names what is wrong with the URI
+    with FileLock(f"{database}.lock"):
+        opened = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        opened.search_experiments(max_results=1)  # the tracking store's tables
+        opened.search_registered_models(max_results=1)  # the registry's
+    _SQLITE_STORES_READY.add(uri)
 
 
 def _is_connection_failure(exc: MlflowException) -> bool:
@@ -138,6 +164,7 @@ def tracking_uri_set(tracking_uri: str | None) -> Iterator[str]:
     """Point the fluent ``mlflow.*`` API at ``tracking_uri`` for the duration of the block."""
     uri = resolve_tracking_uri(tracking_uri)
     bound_http_requests()
+    _create_sqlite_tables(uri)
     # MLflow mirrors its global URI into MLFLOW_TRACKING_URI; None unsets both again.
     previous = os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(uri)

@@ -255,3 +255,39 @@ def test_terminated_run_is_marked_killed(store, data_csv):
     assert proc.returncode == 128 + signum, stderr
     assert client.get_run(run.info.run_id).info.status == "KILLED", stderr
     assert _versions(store) == ["1"] and _champion(store) == "1"
+
+
+_OPEN_STORE = """
+import sys, time
+from pathlib import Path
+from pipelines import tracking
+start = Path(sys.argv[2])
+while not start.exists():
+    time.sleep(0.01)
+tracking.ensure_experiment("forecaster", tracking_uri=sys.argv[1])
+tracking.client(sys.argv[1]).search_registered_models()
+"""
+
+
+def test_commands_opening_a_fresh_sqlite_store_together_both_succeed(tmp_path):
+    """MLflow creates a SQLite store's tables when a process first opens it: two commands
+    started together on a fresh store (a retrain beside a monitor) both created them, and one
+    died on "table registered_model_tags already exists"."""
+    for attempt in range(2):
+        uri = f"sqlite:///{tmp_path}/fresh{attempt}.db"
+        start = tmp_path / f"start{attempt}"
+        processes = [
+            subprocess.Popen(
+                [sys.executable, "-c", _OPEN_STORE, uri, str(start)],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(3)
+        ]
+        time.sleep(5)  # every process has imported MLflow and waits
+        start.touch()
+        for process in processes:
+            _, err = process.communicate(timeout=120)
+            assert process.returncode == 0, err[-2000:]

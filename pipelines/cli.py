@@ -262,6 +262,13 @@ def _print_retrain(settings, result) -> None:
     _print_glitches(result.training_glitches)
     if result.monitoring is not None:
         _print_monitoring(result.monitoring)
+    if result.unchanged is not None:
+        print(
+            f"unchanged v{result.unchanged} was trained on this data with this configuration and "
+            "code: nothing trained or registered (--set retrain_unchanged=true trains anyway)"
+        )
+        print(f"champion  {settings.model_name} v{result.champion_version}")
+        return
     print(f"version   {result.version.name} v{result.version.version} -> @challenger")
     _print_table(result.evaluation)
     verdict = "promoted" if result.decision.promoted else "not promoted"

@@ -9,10 +9,17 @@ was; one during refit leaves the evaluated version champion (judged, and promote
 registered before the model has trained and been evaluated. Runs hold
 the pipeline lock, so they never overlap; a run that was killed (and so could not mark its
 MLflow run) is marked KILLED by the next run on the same host.
+
+A run whose inputs (data, configuration, split and committed code: `training_inputs`) are
+those a registered version was trained on stops after monitoring: retraining would register
+the same model again, a new version on every scheduled run of a feed that has not moved.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import logging
 import os
 import socket
@@ -28,6 +35,7 @@ from mlflow.tracking import MlflowClient
 
 from forecaster.errors import ForecasterInputError
 from pipelines import tracking
+from pipelines.errors import ModelNotFoundError
 from pipelines.evaluate import Evaluation, evaluate
 from pipelines.ingest import IngestResult, ingest
 from pipelines.interrupt import uninterruptible
@@ -36,13 +44,17 @@ from pipelines.monitor import BACKTEST_MASE_BY_STEP, MonitorResult, monitor, ste
 from pipelines.promote import PromotionDecision, promote_with_settings
 from pipelines.refit import refit
 from pipelines.register import code_version, input_example, register
-from pipelines.registry import ModelRef
+from pipelines.registry import ModelRef, resolve_model
 from pipelines.settings import PipelineSettings
 from pipelines.split import DataSplit, SplitPlan, split
 from pipelines.train import TrainOutcome, log_params, train
 
 logger = logging.getLogger(__name__)
 
+# Version tag: the hash of what the version was trained on (`training_inputs`).
+TRAINING_INPUTS = "train.inputs"
+# Run tag of a run that trained nothing (`retrain_unchanged`).
+UNCHANGED_TAG = "retrain.unchanged"
 # Run tags that let a later run recognise a run killed on this host.
 HOST_TAG, PID_TAG, KIND_TAG = "pipeline.host", "pipeline.pid", "pipeline.kind"
 # This process among those that had its pid: a restarted container's pipeline is pid 1 again.
@@ -64,13 +76,14 @@ class TrainResultSummary:
 
 @dataclass(frozen=True)
 class RetrainResult:
-    """What a retrain run did: the run, the new version, its metrics, the decision."""
+    """What a retrain run did: the run, the new version, its metrics, the decision; or, when
+    a version was already trained on the same inputs, which one (and nothing was trained)."""
 
     run_id: str
     experiment_id: str
-    version: ModelRef
-    evaluation: Evaluation
-    decision: PromotionDecision
+    version: ModelRef | None  # None when nothing was trained (`unchanged`)
+    evaluation: Evaluation | None
+    decision: PromotionDecision | None
     fingerprint: str
     # The version trained on all the data after a promotion (now champion); None without one.
     refit_version: ModelRef | None = None
@@ -78,13 +91,49 @@ class RetrainResult:
     monitoring: MonitorResult | None = None
     # Readings of the training split the glitch rule finds.
     training_glitches: int = 0
+    # The version already trained on this run's inputs, when there is one: nothing was trained.
+    unchanged: str | None = None
+    # The champion's version when nothing was trained.
+    champion_before: str | None = None
 
     @property
     def champion_version(self) -> str | None:
         """The version `champion` points at after the run."""
         if self.refit_version is not None:
             return self.refit_version.version
+        if self.decision is None:
+            return self.champion_before
         return self.decision.champion_version
+
+
+def training_inputs(settings: PipelineSettings, data_fingerprint: str) -> str | None:
+    """A hash of everything a trained version depends on: the data, the model and training
+    configuration, the split and the code; None when the code has uncommitted changes (or no
+    known version), which the hash cannot see."""
+    code = code_version()
+    if code.endswith("-dirty") or code == "unknown":
+        return None
+    inputs = {
+        "data": data_fingerprint,
+        "model": dataclasses.asdict(settings.model_config_obj()),
+        "train": dataclasses.asdict(settings.train_config_obj()),
+        "val_length": settings.resolved_val_length,
+        "backtest_windows": settings.backtest_windows,
+        "short_series": settings.short_series,
+        "code": code,
+    }
+    text = json.dumps(inputs, sort_keys=True, default=str)
+    return f"sha256:{hashlib.sha256(text.encode()).hexdigest()}"
+
+
+def trained_on(client: MlflowClient, model_name: str, inputs: str) -> str | None:
+    """The latest version of `model_name` trained on `inputs` (`training_inputs`), if any."""
+    with tracking.tracking_errors(client.tracking_uri):
+        versions = client.search_model_versions(
+            f"name = '{model_name}' and tags.`{TRAINING_INPUTS}` = '{inputs}'"
+        )
+    latest = max((int(v.version) for v in versions), default=None)
+    return None if latest is None else str(latest)
 
 
 def _plan(settings: PipelineSettings) -> SplitPlan:
@@ -247,6 +296,7 @@ def train_and_register(
 ) -> TrainResultSummary:
     """Split, train, evaluate and register ``data`` inside ``run``; alias `challenger`."""
     client = run.client
+    inputs = training_inputs(settings, data.fingerprint)
     parts = split(data.frame, _plan(settings))
     log_params(client, run.run_id, {**data.as_params(), **parts.as_params()})
     outcome = train(
@@ -271,6 +321,7 @@ def train_and_register(
         run_id=run.run_id,
         model_name=settings.model_name,
         tags={
+            **({TRAINING_INPUTS: inputs} if inputs else {}),
             "data.fingerprint": data.fingerprint,
             "data.source": data.source,
             "data.end": data.end.isoformat(),
@@ -311,6 +362,34 @@ def retrain(
     ):
         ingested = load_data(settings, data)
         monitoring = _monitor(settings, ingested, run)
+        inputs = training_inputs(settings, ingested.fingerprint)
+        earlier = None
+        if inputs is not None and not settings.retrain_unchanged:
+            earlier = trained_on(run.client, settings.model_name, inputs)
+        if earlier is not None:
+            reason = (
+                f"version {earlier} was trained on this data with this configuration and code: "
+                "nothing to retrain (set retrain_unchanged to train anyway)"
+            )
+            logger.info("%s", reason)
+            run.client.set_tag(run.run_id, UNCHANGED_TAG, reason)
+            try:
+                champion = resolve_model(
+                    settings.champion_uri, tracking_uri=run.client.tracking_uri
+                )
+            except ModelNotFoundError:
+                champion = None
+            return RetrainResult(
+                run_id=run.run_id,
+                experiment_id=run.experiment_id,
+                version=None,
+                evaluation=None,
+                decision=None,
+                fingerprint=ingested.fingerprint,
+                monitoring=monitoring,
+                unchanged=earlier,
+                champion_before=champion.version if champion else None,
+            )
         summary = train_and_register(settings, ingested, run)
         decision = promote_with_settings(settings, ingested.frame, summary.version.version)
         run.client.set_tag(

@@ -113,12 +113,19 @@ def run_schedule(
             else:
                 report.succeeded += 1
                 report.last_result = result
-                logger.info(
-                    "scheduled retrain: version %s %s (%s)",
-                    result.version.version,
-                    "promoted" if result.decision.promoted else "not promoted",
-                    result.decision.reason,
-                )
+                if result.unchanged is not None:
+                    logger.info(
+                        "scheduled retrain: nothing new to train on (version %s was trained on "
+                        "the same inputs)",
+                        result.unchanged,
+                    )
+                else:
+                    logger.info(
+                        "scheduled retrain: version %s %s (%s)",
+                        result.version.version,
+                        "promoted" if result.decision.promoted else "not promoted",
+                        result.decision.reason,
+                    )
             overlapped = _ticks_between(expression, started, now())
             if overlapped:
                 report.overlapped_ticks += overlapped

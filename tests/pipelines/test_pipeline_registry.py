@@ -314,3 +314,42 @@ def test_an_alias_that_landed_before_its_reply_was_lost_keeps_its_version(champi
         int(v.version) for v in client.search_model_versions("name='forecaster'")
     )
     assert load_forecaster("models:/forecaster@champion", tracking_uri=uri).forecaster.is_fitted
+
+
+def test_a_retrain_on_the_inputs_of_a_version_registers_nothing(
+    store, data_csv, monkeypatch, capsys
+):
+    """Every scheduled run of a feed that had not moved registered the same model again as a
+    new version. Inputs are the data, the configuration, the split and the committed code."""
+    from pipelines import retrain as retrain_module
+
+    monkeypatch.setattr(retrain_module, "code_version", lambda: "git:0123456789ab")
+    client = client_for(store)
+    settings = make_settings(store)
+    first = retrain_module.retrain(settings, data_csv)
+    assert first.unchanged is None
+    tags = client.get_model_version("forecaster", first.version.version).tags
+    inputs = tags[retrain_module.TRAINING_INPUTS]
+    before = {v.version for v in client.search_model_versions("name = 'forecaster'")}
+
+    again = retrain_module.retrain(settings, data_csv)
+    assert (again.unchanged, again.version, again.champion_version) == (
+        first.version.version,
+        None,
+        first.champion_version,
+    )
+    assert {v.version for v in client.search_model_versions("name = 'forecaster'")} == before
+    run = client.get_run(again.run_id)
+    assert run.info.status == "FINISHED"
+    assert f"version {first.version.version} was trained" in run.data.tags["retrain.unchanged"]
+
+    assert main(["retrain", "--config", str(config_file(store)), "--data", str(data_csv)]) == 0
+    assert f"unchanged v{first.version.version} was trained" in capsys.readouterr().out
+
+    # Anything that changes the model changes the inputs; uncommitted code is never trusted.
+    changed = make_settings(store, train={"seed": 1})
+    assert retrain_module.training_inputs(changed, first.fingerprint) != inputs
+    assert retrain_module.training_inputs(settings, "sha256:other") != inputs
+    assert retrain_module.training_inputs(settings, first.fingerprint) == inputs
+    monkeypatch.setattr(retrain_module, "code_version", lambda: "git:0123456789ab-dirty")
+    assert retrain_module.training_inputs(settings, first.fingerprint) is None

@@ -37,11 +37,15 @@ _CLIENT_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
     # Per-file download bars would interleave with our own progress output and the logs.
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    # MLflow writes "View run ... at: URL" to stdout when a run on a server ends, in the midst
+    # of the CLI's summary; the run's URI is logged at its start.
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
 }
 
 
 def bound_http_requests() -> None:
-    """Cap MLflow's HTTP retries and timeout unless the user configured them.
+    """Cap MLflow's HTTP retries and timeout (and quiet its output) unless the user configured
+    them.
 
     MLflow reads these variables on every request, so setting them once is enough; values the
     user exported are left alone.

@@ -54,6 +54,7 @@ def test_retrain_twice_over_http_then_pyfunc_and_mlflow_serve(tmp_path):
         assert "decision  promoted" in first.stdout
         # the promoted configuration is refit on all the data: version 2, champion
         assert "champion  forecaster v2" in first.stdout
+        assert first.stdout.startswith("run ") and "View run" not in first.stdout  # MLflow's
         second = run_cli(
             "retrain", "--config", "settings.yaml", "--data", "noisy.parquet", cwd=work, env=cli_env
         )

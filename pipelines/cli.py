@@ -263,10 +263,7 @@ def _print_retrain(settings, result) -> None:
     if result.monitoring is not None:
         _print_monitoring(result.monitoring)
     if result.unchanged is not None:
-        print(
-            f"unchanged v{result.unchanged} was trained on this data with this configuration and "
-            "code: nothing trained or registered (--set retrain_unchanged=true trains anyway)"
-        )
+        print(f"unchanged {result.unchanged.reason}")
         print(f"champion  {settings.model_name} v{result.champion_version}")
         return
     print(f"version   {result.version.name} v{result.version.version} -> @challenger")

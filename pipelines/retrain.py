@@ -31,20 +31,20 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 from mlflow.entities import RunStatus
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from forecaster.errors import ForecasterInputError
 from pipelines import tracking
-from pipelines.errors import ModelNotFoundError
 from pipelines.evaluate import Evaluation, evaluate
 from pipelines.ingest import IngestResult, ingest
 from pipelines.interrupt import uninterruptible
 from pipelines.lock import pipeline_lock
 from pipelines.monitor import BACKTEST_MASE_BY_STEP, MonitorResult, monitor, step_tag
-from pipelines.promote import PromotionDecision, promote_with_settings
-from pipelines.refit import refit
+from pipelines.promote import DECISION, PromotionDecision, promote_with_settings
+from pipelines.refit import REFIT_OF, refit
 from pipelines.register import code_version, input_example, register
-from pipelines.registry import ModelRef, resolve_model
+from pipelines.registry import CHAMPION, ModelRef
 from pipelines.settings import PipelineSettings
 from pipelines.split import DataSplit, SplitPlan, split
 from pipelines.train import TrainOutcome, log_params, train
@@ -91,18 +91,16 @@ class RetrainResult:
     monitoring: MonitorResult | None = None
     # Readings of the training split the glitch rule finds.
     training_glitches: int = 0
-    # The version already trained on this run's inputs, when there is one: nothing was trained.
-    unchanged: str | None = None
-    # The champion's version when nothing was trained.
-    champion_before: str | None = None
+    # Set when nothing was trained: the run's inputs would only repeat a decision.
+    unchanged: Unchanged | None = None
 
     @property
     def champion_version(self) -> str | None:
         """The version `champion` points at after the run."""
         if self.refit_version is not None:
             return self.refit_version.version
-        if self.decision is None:
-            return self.champion_before
+        if self.unchanged is not None:
+            return self.unchanged.champion
         return self.decision.champion_version
 
 
@@ -126,14 +124,49 @@ def training_inputs(settings: PipelineSettings, data_fingerprint: str) -> str | 
     return f"sha256:{hashlib.sha256(text.encode()).hexdigest()}"
 
 
-def trained_on(client: MlflowClient, model_name: str, inputs: str) -> str | None:
-    """The latest version of `model_name` trained on `inputs` (`training_inputs`), if any."""
+@dataclass(frozen=True)
+class Unchanged:
+    """Why a retrain trains nothing: the version trained on its inputs and the champion."""
+
+    version: str  # the latest version trained on the run's inputs
+    champion: str  # the champion's version
+    reason: str
+
+
+def unchanged(client: MlflowClient, settings: PipelineSettings, inputs: str) -> Unchanged | None:
+    """Whether retraining on `inputs` (`training_inputs`) would only repeat a decision: the
+    latest version trained on them is the champion (or the champion is its refit), or it was
+    rejected against the present champion. None otherwise, so that a champion which was
+    rolled back, replaced or never trained on these inputs is always challenged."""
+    name = settings.model_name
     with tracking.tracking_errors(client.tracking_uri):
         versions = client.search_model_versions(
-            f"name = '{model_name}' and tags.`{TRAINING_INPUTS}` = '{inputs}'"
+            f"name = '{name}' and tags.`{TRAINING_INPUTS}` = '{inputs}'"
         )
-    latest = max((int(v.version) for v in versions), default=None)
-    return None if latest is None else str(latest)
+        if not versions:
+            return None
+        latest = max(versions, key=lambda v: int(v.version))
+        try:
+            champion = client.get_model_version_by_alias(name, CHAMPION)
+        except MlflowException:
+            return None  # no champion: train one
+    version, champion_version = str(latest.version), str(champion.version)
+    tags = latest.tags or {}
+    if champion_version == version or (champion.tags or {}).get(REFIT_OF) == version:
+        why = f"version {version}, trained on them, is @{CHAMPION}"
+        if champion_version != version:
+            why += f" (as its refit, version {champion_version})"
+    elif (
+        tags.get(DECISION) == "rejected" and tags.get("promotion.compared_with") == champion_version
+    ):
+        why = f"version {version}, trained on them, was rejected against @{CHAMPION} (version {champion_version})"
+    else:
+        return None
+    reason = (
+        f"nothing to retrain: the data, configuration and code are unchanged and {why} "
+        "(retrain_unchanged: true trains anyway)"
+    )
+    return Unchanged(version, champion_version, reason)
 
 
 def _plan(settings: PipelineSettings) -> SplitPlan:
@@ -363,22 +396,12 @@ def retrain(
         ingested = load_data(settings, data)
         monitoring = _monitor(settings, ingested, run)
         inputs = training_inputs(settings, ingested.fingerprint)
-        earlier = None
+        same = None
         if inputs is not None and not settings.retrain_unchanged:
-            earlier = trained_on(run.client, settings.model_name, inputs)
-        if earlier is not None:
-            reason = (
-                f"version {earlier} was trained on this data with this configuration and code: "
-                "nothing to retrain (set retrain_unchanged to train anyway)"
-            )
-            logger.info("%s", reason)
-            run.client.set_tag(run.run_id, UNCHANGED_TAG, reason)
-            try:
-                champion = resolve_model(
-                    settings.champion_uri, tracking_uri=run.client.tracking_uri
-                )
-            except ModelNotFoundError:
-                champion = None
+            same = unchanged(run.client, settings, inputs)
+        if same is not None:
+            logger.info("%s", same.reason)
+            run.client.set_tag(run.run_id, UNCHANGED_TAG, same.reason[:5000])
             return RetrainResult(
                 run_id=run.run_id,
                 experiment_id=run.experiment_id,
@@ -387,8 +410,7 @@ def retrain(
                 decision=None,
                 fingerprint=ingested.fingerprint,
                 monitoring=monitoring,
-                unchanged=earlier,
-                champion_before=champion.version if champion else None,
+                unchanged=same,
             )
         summary = train_and_register(settings, ingested, run)
         decision = promote_with_settings(settings, ingested.frame, summary.version.version)

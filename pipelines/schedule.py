@@ -96,10 +96,14 @@ def run_schedule(
             report.runs += 1
             started = now()
             try:
-                if on_degradation and not _needs_retrain(settings, data):
-                    report.healthy += 1
-                    continue
-                result = retrain(settings, data)
+                run_settings = settings
+                if on_degradation:
+                    if not _needs_retrain(settings, data):
+                        report.healthy += 1
+                        continue
+                    # The champion's state called for it: never skipped as unchanged.
+                    run_settings = settings.model_copy(update={"retrain_unchanged": True})
+                result = retrain(run_settings, data)
             except PipelineLockedError as exc:
                 report.skipped += 1
                 logger.warning("skipped this tick: %s", exc)
@@ -114,11 +118,7 @@ def run_schedule(
                 report.succeeded += 1
                 report.last_result = result
                 if result.unchanged is not None:
-                    logger.info(
-                        "scheduled retrain: nothing new to train on (version %s was trained on "
-                        "the same inputs)",
-                        result.unchanged,
-                    )
+                    logger.info("scheduled retrain: %s", result.unchanged.reason)
                 else:
                     logger.info(
                         "scheduled retrain: version %s %s (%s)",

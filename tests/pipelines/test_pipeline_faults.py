@@ -129,8 +129,9 @@ def test_run_killed_mid_training_leaves_registry_untouched_and_next_run_is_clean
     assert _champion(store) == "1"
     assert client.get_run(run.info.run_id).info.status == "RUNNING"  # it could not say more
 
-    # The next run takes the (released) lock, marks the dead run KILLED and registers cleanly.
-    result = retrain(make_settings(store), data_csv)
+    # The next run takes the (released) lock, marks the dead run KILLED and registers cleanly
+    # (on version 1's inputs, which alone would train nothing).
+    result = retrain(make_settings(store, retrain_unchanged=True), data_csv)
     assert client.get_run(run.info.run_id).info.status == "KILLED"
     assert result.version.version == str(len(before) + 1)
     assert client.get_run(result.run_id).info.status == "FINISHED"

@@ -316,11 +316,12 @@ def test_an_alias_that_landed_before_its_reply_was_lost_keeps_its_version(champi
     assert load_forecaster("models:/forecaster@champion", tracking_uri=uri).forecaster.is_fitted
 
 
-def test_a_retrain_on_the_inputs_of_a_version_registers_nothing(
+def test_a_retrain_that_would_repeat_a_decision_registers_nothing(
     store, data_csv, monkeypatch, capsys
 ):
     """Every scheduled run of a feed that had not moved registered the same model again as a
-    new version. Inputs are the data, the configuration, the split and the committed code."""
+    new version. Inputs are the data, the configuration, the split and the committed code; a
+    run whose inputs gave the champion, or a version rejected against it, trains nothing."""
     from pipelines import retrain as retrain_module
 
     monkeypatch.setattr(retrain_module, "code_version", lambda: "git:0123456789ab")
@@ -333,18 +334,20 @@ def test_a_retrain_on_the_inputs_of_a_version_registers_nothing(
     before = {v.version for v in client.search_model_versions("name = 'forecaster'")}
 
     again = retrain_module.retrain(settings, data_csv)
-    assert (again.unchanged, again.version, again.champion_version) == (
-        first.version.version,
-        None,
-        first.champion_version,
-    )
+    assert (again.version, again.unchanged.version) == (None, first.version.version)
+    assert again.champion_version == first.champion_version
     assert {v.version for v in client.search_model_versions("name = 'forecaster'")} == before
     run = client.get_run(again.run_id)
     assert run.info.status == "FINISHED"
-    assert f"version {first.version.version} was trained" in run.data.tags["retrain.unchanged"]
-
+    assert "nothing to retrain" in run.data.tags["retrain.unchanged"]
     assert main(["retrain", "--config", str(config_file(store)), "--data", str(data_csv)]) == 0
-    assert f"unchanged v{first.version.version} was trained" in capsys.readouterr().out
+    assert "unchanged nothing to retrain" in capsys.readouterr().out
+
+    # A champion these inputs never challenged (rolled back to, or set by hand) is challenged.
+    source = client.get_model_version_download_uri("forecaster", "1")
+    other = client.create_model_version("forecaster", source, run_id=None).version
+    client.set_registered_model_alias("forecaster", "champion", other)
+    assert retrain_module.unchanged(client, settings, inputs) is None
 
     # Anything that changes the model changes the inputs; uncommitted code is never trusted.
     changed = make_settings(store, train={"seed": 1})

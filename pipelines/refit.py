@@ -15,7 +15,9 @@ it is scored on windows it has trained on, which favours keeping it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from datetime import UTC, datetime
 
 from forecaster import Forecaster
 from forecaster.errors import TrainingDivergedError
@@ -24,7 +26,7 @@ from pipelines.ingest import IngestResult
 from pipelines.promote import DECISION, PREVIOUS_CHAMPION
 from pipelines.register import code_version, input_example, register
 from pipelines.registry import CHAMPION, ModelRef
-from pipelines.train import TrainOutcome
+from pipelines.train import TrainOutcome, config_params, log_params
 
 logger = logging.getLogger(__name__)
 
@@ -42,13 +44,64 @@ def refit(
     model_name: str,
 ) -> ModelRef | None:
     """Train ``evaluated``'s configuration on all of ``data``, register it, make it champion;
-    None when the refit diverges (``evaluated_version`` stays champion, the run says why)."""
+    None when the refit diverges (``evaluated_version`` stays champion, the run says why).
+
+    The refit trains in a run of its own, nested under ``run_id`` (the retrain's): its params
+    (the data it saw, the replayed configuration) and training loss are what the refit
+    version's page links to, not the evaluated training's."""
+    with tracking.tracking_errors(client.tracking_uri):
+        child = client.create_run(
+            client.get_run(run_id).info.experiment_id,
+            run_name=f"refit of version {evaluated_version.version} "
+            f"{datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%S UTC')}",
+            tags={
+                **tracking.run_tags("refit"),
+                tracking.PARENT_RUN_TAG: run_id,
+                REFIT_OF: evaluated_version.version,
+                "code_version": code_version(),
+            },
+        ).info.run_id
+    status = "FAILED"
+    try:
+        version = _refit_in(child, evaluated, evaluated_version, data, client, run_id, model_name)
+        status = "FINISHED" if version is not None else "FAILED"
+        return version
+    except BaseException as exc:
+        status = "KILLED" if isinstance(exc, KeyboardInterrupt | SystemExit) else "FAILED"
+        with contextlib.suppress(Exception):  # never hide the error behind the server's
+            client.set_tag(child, "error", f"{type(exc).__name__}: {exc}"[:5000])
+        raise
+    finally:
+        with contextlib.suppress(Exception):
+            client.set_terminated(child, status=status)
+
+
+def _refit_in(
+    child: str,
+    evaluated: TrainOutcome,
+    evaluated_version: ModelRef,
+    data: IngestResult,
+    client,
+    run_id: str,
+    model_name: str,
+) -> ModelRef | None:
+    """`refit`'s work inside the run `child`."""
     model = evaluated.forecaster
     # The evaluated run kept epoch 0 (the linear start) when no epoch was kept: replaying no
     # epoch fits the linear start alone, on every window. The intervals' calibration is
     # replayed too: a refit holds no windows out to calibrate on.
     replay = model.refit_config()
     factors = replay.replay_lr_factors
+    with tracking.tracking_errors(client.tracking_uri):
+        log_params(
+            client,
+            child,
+            {
+                **config_params(model.model_config, replay),
+                **data.as_params(),
+                REFIT_OF: evaluated_version.version,
+            },
+        )
     try:
         refitted = Forecaster(model.model_config, replay).fit(data.frame)
     except TrainingDivergedError as exc:
@@ -58,6 +111,7 @@ def refit(
         )
         with tracking.tracking_errors(client.tracking_uri):
             client.set_tag(run_id, "refit_skipped", str(exc)[:5000])
+            client.set_tag(child, "error", str(exc)[:5000])
         return None
     logger.info(
         "refit version %s's configuration on all %d series up to %s: %d epoch(s)",
@@ -67,6 +121,8 @@ def refit(
         len(factors),
     )
     with tracking.tracking_errors(client.tracking_uri):
+        for log in refitted.train_result.epochs:
+            client.log_metric(child, "train_loss", log.train_loss, step=log.epoch)
         evaluated_tags = client.get_model_version(model_name, evaluated_version.version).tags
         # The decision is tagged once the alias has moved, as promotion tags it: a run killed
         # in between leaves a version without it, never one that says "promoted" and is not
@@ -83,7 +139,7 @@ def refit(
             refitted,
             input_example(refitted, data.frame),
             client=client,
-            run_id=run_id,
+            run_id=child,
             model_name=model_name,
             artifact_name="model-refit",
             tags={
@@ -116,6 +172,7 @@ def refit(
         client.set_model_version_tag(
             model_name, evaluated_version.version, REFIT_VERSION, version.version
         )
+        client.set_tag(run_id, "refit_version", version.version)
     logger.info(
         "%s version %s, the refit of version %s, is now @%s",
         model_name,

@@ -131,11 +131,11 @@ def log_model(
     with tempfile.TemporaryDirectory() as tmp, tracking.tracking_uri_set(tracking_uri):
         saved = forecaster.save(Path(tmp) / ARTIFACT_NAME)
         # Inside the pipeline's own active run log straight into it; starting it again by id
-        # would end it (FINISHED) on leaving the block.
+        # would end it (FINISHED) on leaving the block. A refit's run is nested under it.
         run = (
             contextlib.nullcontext()
             if active is not None and active.info.run_id == run_id
-            else mlflow.start_run(run_id=run_id)
+            else mlflow.start_run(run_id=run_id, nested=active is not None)
         )
         with run:
             return mlflow.pyfunc.log_model(

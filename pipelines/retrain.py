@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import socket
-import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -55,11 +54,9 @@ logger = logging.getLogger(__name__)
 TRAINING_INPUTS = "train.inputs"
 # Run tag of a run that trained nothing (`retrain_unchanged`).
 UNCHANGED_TAG = "retrain.unchanged"
-# Run tags that let a later run recognise a run killed on this host.
-HOST_TAG, PID_TAG, KIND_TAG = "pipeline.host", "pipeline.pid", "pipeline.kind"
-# This process among those that had its pid: a restarted container's pipeline is pid 1 again.
-PROCESS_TAG = "pipeline.process"
-PROCESS = uuid.uuid4().hex[:12]
+# Run tags that let a later run recognise a run killed on this host (`tracking.run_tags`).
+HOST_TAG, PID_TAG, KIND_TAG = tracking.HOST_TAG, tracking.PID_TAG, tracking.KIND_TAG
+PROCESS_TAG, PROCESS = tracking.PROCESS_TAG, tracking.PROCESS
 
 
 @dataclass(frozen=True)
@@ -281,13 +278,7 @@ class PipelineRun:
             run = mlflow.start_run(
                 experiment_id=self.experiment_id,
                 run_name=self.run_name,
-                tags={
-                    HOST_TAG: socket.gethostname(),
-                    PID_TAG: str(os.getpid()),
-                    PROCESS_TAG: PROCESS,
-                    KIND_TAG: self.kind,
-                    "code_version": code_version(),
-                },
+                tags={**tracking.run_tags(self.kind), "code_version": code_version()},
             )
         except BaseException:
             self._uri_context.__exit__(None, None, None)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
@@ -27,6 +29,14 @@ from mlflow.tracking import MlflowClient
 from pipelines.errors import TrackingUnavailableError
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+
+# Run tags that let a later run recognise a run killed on this host (`run_tags`).
+HOST_TAG, PID_TAG, KIND_TAG = "pipeline.host", "pipeline.pid", "pipeline.kind"
+# This process among those that had its pid: a restarted container's pipeline is pid 1 again.
+PROCESS_TAG = "pipeline.process"
+PROCESS = uuid.uuid4().hex[:12]
+# MLflow's tag that nests a run under another in its pages.
+PARENT_RUN_TAG = "mlflow.parentRunId"
 DEFAULT_ARTIFACT_DIR = "mlartifacts"
 
 # Connection refused fails at once; a black-holed host costs timeout * (retries + 1) plus
@@ -176,3 +186,14 @@ def tracking_uri_set(tracking_uri: str | None) -> Iterator[str]:
         yield uri
     finally:
         mlflow.set_tracking_uri(previous)
+
+
+def run_tags(kind: str) -> dict[str, str]:
+    """The tags of a pipeline run of `kind` by this process (see `pipelines.retrain`'s
+    `mark_stale_runs`, which ends the runs of processes that are gone)."""
+    return {
+        HOST_TAG: socket.gethostname(),
+        PID_TAG: str(os.getpid()),
+        PROCESS_TAG: PROCESS,
+        KIND_TAG: kind,
+    }

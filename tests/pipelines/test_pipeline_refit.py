@@ -45,6 +45,18 @@ def test_the_promoted_configuration_is_refit_on_all_data_and_serves(tmp_path):
     }
     run_tags = client.get_run(result.run_id).data.tags
     assert (run_tags["registered_version"], run_tags["refit_version"]) == (evaluated, refitted)
+    # The refit version links to a run of its own, nested under the retrain's: its params are
+    # the data it saw (all of it), not the evaluated training's split.
+    refit_run = client.get_run(client.get_model_version("forecaster", refitted).run_id)
+    assert refit_run.info.run_id != result.run_id and refit_run.info.status == "FINISHED"
+    assert refit_run.data.tags["mlflow.parentRunId"] == result.run_id
+    assert refit_run.info.run_name.startswith(f"refit of version {evaluated} 20")
+    assert refit_run.data.params["data.end"] == last
+    assert refit_run.data.params["train.replay_lr_factors"] != "None"
+    assert "split.train_end" not in refit_run.data.params
+    assert len(client.get_metric_history(refit_run.info.run_id, "train_loss")) == int(
+        tags["train.epochs"]
+    )
     model = load_version(champion, tracking_uri=uri)
     assert 0 <= int(tags["train.epochs"]) <= settings.train_config_obj().max_epochs
     forecast = model.predict(frame)

@@ -10,9 +10,10 @@ registered before the model has trained and been evaluated. Runs hold
 the pipeline lock, so they never overlap; a run that was killed (and so could not mark its
 MLflow run) is marked KILLED by the next run on the same host.
 
-A run whose inputs (data, configuration, split and committed code: `training_inputs`) are
-those a registered version was trained on stops after monitoring: retraining would register
-the same model again, a new version on every scheduled run of a feed that has not moved.
+A run that would only repeat a decision stops after monitoring (`unchanged`): its inputs (data,
+configuration, split and committed code: `training_inputs`) are the champion's, or those of a
+version rejected against the present champion. It would register the same model again, a new
+version on every scheduled run of a feed that has not moved.
 """
 
 from __future__ import annotations
@@ -156,7 +157,10 @@ def unchanged(client: MlflowClient, settings: PipelineSettings, inputs: str) -> 
     elif (
         tags.get(DECISION) == "rejected" and tags.get("promotion.compared_with") == champion_version
     ):
-        why = f"version {version}, trained on them, was rejected against @{CHAMPION} (version {champion_version})"
+        why = (
+            f"version {version}, trained on them, was rejected against @{CHAMPION} "
+            f"(version {champion_version})"
+        )
     else:
         return None
     reason = (

@@ -165,8 +165,9 @@ class PipelineSettings(BaseSettings):
     # validation and backtest windows included) along the evaluated run's epochs and learning
     # rates, registers it as a new version linked to the evaluated one, and makes it champion.
     refit: bool = True
-    # A retrain whose data, configuration and committed code are those a registered version
-    # was trained on registers nothing (it would be the same model); true trains anyway.
+    # A retrain that would only repeat a decision (its data, configuration and committed code
+    # are the champion's, or those of a version rejected against it) trains and registers
+    # nothing; true trains anyway.
     retrain_unchanged: bool = False
 
     # -- monitoring -----------------------------------------------------------------------

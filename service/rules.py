@@ -3,7 +3,9 @@
 `/v1/forecast`, `/invocations` and batch jobs parse `horizon` and `quantiles` with the
 functions here, check them against the served model with the core's own checks, and count
 series and history lengths against the same settings, so one bad value gets one answer (a
-422 naming the field) whatever the route.
+422 naming the field) whatever the route. A JSON body's value is read as JSON (a horizon is an
+integer, quantiles a list of numbers, as MLflow's scoring server requires too); a query
+string's or a form field's as text ("24", "0.1,0.9").
 """
 
 from __future__ import annotations
@@ -17,12 +19,17 @@ from service.model_manager import ServedModel
 from service.settings import ServiceSettings
 
 
-def parse_horizon(value: Any) -> int | None:
-    """An integer >= 1 from JSON or text (``"24"``, ``24``, ``24.0``); None when absent."""
-    if value is None or value == "":
+def parse_horizon(value: Any, *, json: bool = False) -> int | None:
+    """An integer >= 1 from text (``"24"``, ``24.0``: a query string, a form field) or, with
+    `json`, a JSON integer only (``24``), as `/v1/forecast`'s schema and MLflow's scoring server
+    require of a JSON body; None when absent."""
+    if value is None or (value == "" and not json):
         return None
     number = None
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    if json:
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = float(value)
+    elif isinstance(value, int | float) and not isinstance(value, bool):
         number = float(value)
     elif isinstance(value, str):
         try:
@@ -36,12 +43,18 @@ def parse_horizon(value: Any) -> int | None:
     return int(number)
 
 
-def parse_quantiles(value: Any) -> list[float] | None:
-    """Distinct levels strictly between 0 and 1, from a JSON list, a number or ``"0.1,0.9"``."""
-    if value is None or value == "":
+def parse_quantiles(value: Any, *, json: bool = False) -> list[float] | None:
+    """Distinct levels strictly between 0 and 1, from a list, a number or ``"0.1,0.9"`` (text);
+    with `json`, from a JSON list of numbers only, as `/v1/forecast`'s schema requires."""
+    if value is None or (value == "" and not json):
         return None
-    if isinstance(value, str):
-        items: list[Any] = [v.strip() for v in value.split(",") if v.strip()]
+    if json and (
+        not isinstance(value, list)
+        or any(isinstance(v, bool) or not isinstance(v, int | float) for v in value)
+    ):
+        items: list[Any] = [None]
+    elif isinstance(value, str):
+        items = [v.strip() for v in value.split(",") if v.strip()]
     elif isinstance(value, int | float) and not isinstance(value, bool):
         items = [value]
     elif isinstance(value, list):
@@ -57,9 +70,9 @@ def parse_quantiles(value: Any) -> list[float] | None:
             except ValueError:
                 level = None
         if level is None or not 0.0 < level < 1.0:
+            shape = "a list" if json else "a list, or text such as 0.1,0.9"
             raise InvalidInputError(
-                f"quantiles: expected numbers strictly between 0 and 1 (a list, or text such "
-                f"as 0.1,0.9), got {value!r}",
+                f"quantiles: expected numbers strictly between 0 and 1 ({shape}), got {value!r}",
                 field="quantiles",
             )
         levels.append(level)

@@ -184,8 +184,8 @@ async def invocations(
         params = data.get("params") or {}
     horizon, quantiles = rules.resolve(
         served,
-        rules.parse_horizon(params.get("horizon")),
-        rules.parse_quantiles(params.get("quantiles")),
+        rules.parse_horizon(params.get("horizon"), json=True),
+        rules.parse_quantiles(params.get("quantiles"), json=True),
     )
     covariates = served.forecaster.model_config.covariates
 

@@ -203,3 +203,34 @@ def test_ping_health_version(client):
     import mlflow
 
     assert client.get("/version").text == mlflow.__version__
+
+
+@pytest.mark.parametrize(
+    ("horizon", "quantiles", "accepted"),
+    [
+        (3, [0.1, 0.9], True),
+        ("3", None, False),  # text: MLflow's scoring server refuses it too
+        (3.0, None, False),
+        (True, None, False),
+        (None, "0.1,0.9", False),
+        (None, [True], False),
+    ],
+)
+def test_json_parameters_get_one_answer_on_both_routes(
+    client, two_series, payload, horizon, quantiles, accepted
+):
+    """/invocations read `"horizon": "3"` as 3 where /v1/forecast's schema refuses it: the
+    same JSON value had two answers by route."""
+    params = {k: v for k, v in (("horizon", horizon), ("quantiles", quantiles)) if v is not None}
+    scored = client.post(
+        "/invocations", json={"dataframe_records": _records(two_series), "params": params}
+    )
+    online = client.post("/v1/forecast", json={"series": [payload("series_000")], **params})
+    assert (scored.status_code == 200, online.status_code == 200) == (accepted, accepted), (
+        scored.text,
+        online.text,
+    )
+    if not accepted:
+        assert (scored.status_code, online.status_code) == (400, 422)
+        named = "horizon" if horizon is not None else "quantiles"
+        assert named in scored.json()["message"] and named in online.json()["detail"]

@@ -37,6 +37,8 @@ from pandas.tseries.offsets import (
     MonthEnd,
     QuarterBegin,
     QuarterEnd,
+    SemiMonthBegin,
+    SemiMonthEnd,
     Week,
     YearBegin,
     YearEnd,
@@ -67,8 +69,17 @@ _MAX_SEASON = 1440
 _WEEKDAYS = ("MON", "TUE", "WED", "THU", "FRI", "SAT", "SUN")
 _MONTHS = ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")
 # Aliases pandas 3 no longer accepts, mapped to their current spelling.
-_LEGACY = {"M": "ME", "Q": "QE", "Y": "YE", "A": "YE", "H": "h", "T": "min", "S": "s"}
-_LEGACY_RE = re.compile(r"^(\d*)(M|Q|Y|A|H|T|S)(-[A-Za-z]+)?$")
+_LEGACY = {
+    "SM": "SME",
+    "M": "ME",
+    "Q": "QE",
+    "Y": "YE",
+    "A": "YE",
+    "H": "h",
+    "T": "min",
+    "S": "s",
+}
+_LEGACY_RE = re.compile(r"^(\d*)(SM|M|Q|Y|A|H|T|S)(-[A-Za-z]+|-\d+)?$")
 # Business hours other than pandas' 09:00-17:00, which its alias "bh" cannot spell; written the
 # way pandas prints such an offset (see `freq_alias`).
 _BUSINESS_HOURS_RE = re.compile(r"^(\d*)bh=(\d\d):00-(\d\d):00$")
@@ -637,12 +648,34 @@ def infer_offset(
         if not on_weekend(ds_i8).any() and (diffs == 3 * DAY_NS).any():
             return to_offset("B")
         return to_offset("D")
+    # Before weekly: the 1st and 8th of each month step by 7 days, then by 21-24.
+    if days <= 27 and steps.size > 1 and (semi := _semi_month_offset(ds_i8)) is not None:
+        return semi
     if days == 7:
         return to_offset(f"W-{_WEEKDAYS[first.day_of_week]}")
     for low, high, months in _MONTH_SPANS:
         if low <= days <= high:
             return _calendar_offset(first, months, str(uniques[codes[0]]))
     return to_offset(f"{days}D")
+
+
+def _semi_month_offset(ds_i8: np.ndarray) -> BaseOffset | None:
+    """Twice-monthly data: every timestamp on the 1st or one other day d of the month
+    (SemiMonthBegin, 'SMS-d'), or on day d or the month's end (SemiMonthEnd, 'SME-d'), both
+    kinds present. None for anything else, such as 14-day steps, which drift through the
+    month's days. Its steps are uneven (14 and 13-16 days for 'SMS', 9 and 19-22 for
+    'SMS-10'), so the caller asks only when the steps are not all alike."""
+    index = pd.DatetimeIndex(ds_i8)
+    day, month_end = index.day.to_numpy(), index.is_month_end
+    mid = np.unique(day[(day != 1) & ~month_end])
+    if mid.size != 1 or not 2 <= mid[0] <= 27:
+        return None
+    d = int(mid[0])
+    if np.all((day == 1) | (day == d)) and (day == 1).any():
+        return SemiMonthBegin(day_of_month=d)
+    if np.all(month_end | (day == d)) and month_end.any():
+        return SemiMonthEnd(day_of_month=d)
+    return None
 
 
 def _calendar_offset(first: pd.Timestamp, months: int, sid: str) -> BaseOffset:
@@ -691,7 +724,7 @@ def season_length(freq: str) -> int:
     Sub-daily frequencies get the daily cycle (h -> 24, 30min -> 48, 15min -> 96), or where
     that exceeds 1440 steps the minute's or the second's (30s -> 2, 1ms -> 1000), else 1;
     daily -> 7 (weekly cycle), business daily -> 5, business hours -> the hours of a business
-    day (8 for 09:00-17:00), weekly -> 52,
+    day (8 for 09:00-17:00), weekly -> 52, semi-monthly -> 24,
     monthly -> 12, quarterly -> 4, yearly -> 1.
     """
     try:
@@ -700,6 +733,8 @@ def season_length(freq: str) -> int:
         return 1
     n = max(abs(offset.n), 1)
     per_year = {
+        SemiMonthBegin: 24,
+        SemiMonthEnd: 24,
         MonthBegin: 12,
         MonthEnd: 12,
         QuarterBegin: 4,

@@ -565,6 +565,31 @@ def test_business_hours_are_forecast_on_business_hours(tmp_path):
     )
 
 
+def test_twice_monthly_data_is_forecast_on_its_days(tmp_path):
+    """Readings on the 15th and each month's end (pay periods): read as 'SME-15' with a
+    yearly cycle of 24 steps, not refused as 15-day steps gone off their grid, and forecast
+    on the 15th and the month's end (February's 28th), after save -> load too."""
+    ds = pd.date_range("2019-01-15", periods=146, freq="SME")
+    given = pd.concat(
+        [
+            pd.DataFrame({"unique_id": sid, "ds": ds, "y": 10 + k * np.sin(np.arange(146) / 4)})
+            for k, sid in ((1.0, "a"), (2.0, "b"))
+        ],
+        ignore_index=True,
+    )
+    model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**{**TINY_TRAIN, "max_epochs": 1}))
+    model.fit(given)
+    assert model.freq == "SME-15" and model.model_config.season_length == 24
+    forecast = model.predict(given, horizon=4)
+    assert forecast["ds"].iloc[:4].tolist() == list(
+        pd.to_datetime(["2025-02-15", "2025-02-28", "2025-03-15", "2025-03-31"])
+    )
+    model.save(tmp_path / "model")
+    pd.testing.assert_frame_equal(
+        Forecaster.load(tmp_path / "model").predict(given, horizon=4), forecast
+    )
+
+
 def test_an_aware_daily_frame_round_trips_through_csv(tmp_path):
     """pandas writes Berlin midnights as text with +01:00, then +02:00: the file reads back as
     the local dates it holds."""

@@ -67,6 +67,8 @@ def test_calendar_features_accept_series_and_arrays():
         ("M", 12),
         ("bh", 8),  # a business day
         ("bh=07:00-19:00", 12),
+        ("SMS", 24),
+        ("SM", 24),  # pandas 2's spelling of "SME"
         ("QS", 4),
         ("Q", 4),
         ("YS", 1),

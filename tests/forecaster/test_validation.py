@@ -69,6 +69,10 @@ def set_cell(df: pd.DataFrame, row: int, column: str, value) -> pd.DataFrame:
         ("2MS", "2024-01-01", "2MS"),
         ("4ME", "2024-01-31", "4ME"),
         ("6MS", "2024-07-01", "6MS"),
+        ("SMS", "2024-01-01", "SMS-15"),  # 1st and 15th: payroll, twice-monthly reports
+        ("SMS-10", "2024-01-10", "SMS-10"),
+        ("SME", "2024-01-15", "SME-15"),  # 15th and month end, February's included
+        ("14D", "2024-01-01", "14D"),  # fortnights drift through the month: no semi-month
     ],
 )
 def test_valid_frame_passes_and_frequency_is_inferred(freq, start, expected):
@@ -512,7 +516,7 @@ def test_a_coarser_series_among_finer_ones_is_named_not_filled():
     assert validate_long_frame(gappy, allow_missing=True).frame["y"].isna().sum() == 5
 
 
-@pytest.mark.parametrize("freq", ["MS", "2MS", "B", "W-SUN"])
+@pytest.mark.parametrize("freq", ["MS", "2MS", "B", "W-SUN", "SMS", "SME"])
 def test_calendar_gaps_are_filled_on_each_series_own_grid(freq):
     """Series of a calendar frequency share grids (one built per time of day or phase); the
     filled frame must be what each series' own `pd.date_range` gives, whatever the sharing."""

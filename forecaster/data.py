@@ -25,7 +25,7 @@ from forecaster.errors import (
     NonNumericValuesError,
     SeriesTooShortError,
 )
-from forecaster.time_axis import parse_timestamps
+from forecaster.time_axis import is_aware, parse_timestamps
 
 __all__ = [
     "ID",
@@ -79,7 +79,7 @@ def wide_to_long(df: pd.DataFrame, time_column: str = "date") -> pd.DataFrame:
             f"{list(map(str, df.columns))}",
             field=time_column,
         )
-    ds = parse_timestamps(df[time_column], column=time_column)
+    ds = _timestamps(df[time_column], column=time_column)
     n_rows, n_cols = len(df), len(value_columns)
     values = np.column_stack(  # (T, C)
         [v.to_numpy(dtype=np.float64, na_value=np.nan) for v in columns.values()]
@@ -89,10 +89,22 @@ def wide_to_long(df: pd.DataFrame, time_column: str = "date") -> pd.DataFrame:
             ID: pd.array(
                 np.repeat(np.asarray(value_columns, dtype=object).astype(str), n_rows), dtype="str"
             ),
-            TIME: np.tile(ds, n_cols),
+            TIME: ds.take(np.tile(np.arange(n_rows), n_cols)),
             TARGET: values.T.reshape(-1),
         }
     )
+
+
+def _timestamps(
+    col: pd.Series, ids: np.ndarray | None = None, column: str = TIME
+) -> np.ndarray | pd.api.extensions.ExtensionArray:
+    """A file's time column, checked: naive values parsed, those with a zone or UTC offset
+    kept as they are (an aware column, ISO text with offsets). Parsed, they would be naive
+    wall-clock or UTC times: a forecast of them would come back naive, an hour or two off
+    the zone it was asked in, where `predict` gives an aware history's forecasts back in its
+    zone."""
+    parsed = parse_timestamps(col, ids, column=column)  # names a bad value's row and series
+    return col.array if is_aware(col) else parsed
 
 
 def _numbers(df: pd.DataFrame, column: object, time_column: str) -> pd.Series | None:
@@ -138,7 +150,7 @@ def load_frame(path: str | Path, *, time_column: str | None = None) -> pd.DataFr
     df = _read(path)
     if {ID, TIME, TARGET} <= set(df.columns) and time_column in (None, TIME):
         df[ID] = ids_as_text(df[ID])
-        df[TIME] = parse_timestamps(df[TIME], df[ID].to_numpy(dtype=object))
+        df[TIME] = _timestamps(df[TIME], df[ID].to_numpy(dtype=object))
         return df
     column = time_column or "date"
     if column not in df.columns:

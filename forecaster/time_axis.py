@@ -134,6 +134,18 @@ def on_wall_clock(wall: np.ndarray) -> bool:
     return bool((time_of_day == time_of_day[0]).all()) or business_hours(wall) is not None
 
 
+def pandas_timestamps(col: pd.Series) -> pd.Series:
+    """pyarrow timestamps (what `pd.read_parquet(..., dtype_backend="pyarrow")` gives) as
+    pandas' own datetime dtype, zone and unit kept; anything else as it is. The zone checks
+    here know pandas' aware dtype only, and an aware pyarrow column cast to a naive one
+    fails."""
+    arrow = getattr(col.dtype, "pyarrow_dtype", None)
+    if arrow is None or not hasattr(arrow, "tz"):  # not a pyarrow timestamp (date32 has no tz)
+        return col
+    unit = arrow.unit
+    return col.astype(pd.DatetimeTZDtype(unit, arrow.tz) if arrow.tz else f"datetime64[{unit}]")
+
+
 def zone_of(col: pd.Series | np.ndarray, wall_clock: bool) -> Any:
     """The time zone the forecasts of a history whose `ds` is `col` come back in (`in_zone`),
     for a model that reads aware timestamps on their wall clock or in UTC (`wall_clock`): an
@@ -141,7 +153,7 @@ def zone_of(col: pd.Series | np.ndarray, wall_clock: bool) -> Any:
     instants are labelled rather than left naive (no zone name came with them, and their
     offsets may change); None for naive input and for such offsets on local dates, which stay
     naive."""
-    zone = getattr(pd.Series(col).dtype, "tz", None)
+    zone = getattr(pandas_timestamps(pd.Series(col)).dtype, "tz", None)
     if zone is None and not wall_clock and is_aware(col):
         return "UTC"
     return zone
@@ -150,7 +162,7 @@ def zone_of(col: pd.Series | np.ndarray, wall_clock: bool) -> Any:
 def is_aware(col: pd.Series | np.ndarray) -> bool:
     """Whether timestamps carry a zone or a UTC offset: an aware column, or text such as
     '2024-01-01T00:00+01:00' (judged on the first value)."""
-    values = pd.Series(col)
+    values = pandas_timestamps(pd.Series(col))
     if isinstance(values.dtype, pd.DatetimeTZDtype):
         return True
     if pd.api.types.is_datetime64_any_dtype(values):
@@ -242,7 +254,7 @@ def read_timestamps(
     """
     if isinstance(col, np.ndarray) and col.dtype == _NS and not np.isnat(col).any():
         return col, None  # already what this returns (the service's road)
-    col = pd.Series(col)
+    col = pandas_timestamps(pd.Series(col))
 
     def series_of(i: int) -> tuple[str | None, str]:
         """Row i's series id and the message's prefix naming it."""

@@ -590,6 +590,32 @@ def test_twice_monthly_data_is_forecast_on_its_days(tmp_path):
     )
 
 
+@pytest.mark.parametrize("suffix", [".parquet", ".csv"])
+def test_an_aware_file_is_forecast_in_its_zone(fitted, series, tmp_path, suffix):
+    """Hourly readings in Berlin, written to a file and read back by `load_frame`: forecast
+    as the frame itself is, labelled, not as naive UTC times that read an hour early. A
+    Parquet column keeps its zone; CSV text with +01:00 comes back in UTC (it names no zone)."""
+    aware = series.assign(ds=series["ds"].dt.tz_localize("Europe/Berlin"))
+    path = tmp_path / f"history{suffix}"
+    if suffix == ".csv":
+        aware.to_csv(path, index=False)
+    else:
+        aware.to_parquet(path)
+    forecast = fitted.predict(load_frame(path))
+    expected = fitted.predict(aware)
+    if suffix == ".csv":
+        expected = expected.assign(ds=expected["ds"].dt.tz_convert("UTC"))
+    pd.testing.assert_frame_equal(forecast, expected)
+
+
+def test_pyarrow_timestamps_with_a_zone_are_read_as_pandas_ones(fitted, series):
+    """`pd.read_parquet(..., dtype_backend="pyarrow")` gives aware timestamps a pyarrow dtype,
+    which pandas refuses to cast to a naive one: read as the same aware pandas column."""
+    aware = series.assign(ds=series["ds"].dt.tz_localize("Europe/Berlin"))
+    arrow = aware.assign(ds=aware["ds"].astype("timestamp[us, tz=Europe/Berlin][pyarrow]"))
+    pd.testing.assert_frame_equal(fitted.predict(arrow), fitted.predict(aware))
+
+
 def test_an_aware_daily_frame_round_trips_through_csv(tmp_path):
     """pandas writes Berlin midnights as text with +01:00, then +02:00: the file reads back as
     the local dates it holds."""

@@ -9,7 +9,7 @@ covariates, their values after it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -19,7 +19,7 @@ from forecaster.data import ID, TARGET, TIME
 from forecaster.errors import EmptyDataError, InvalidConfigError, SeriesTooShortError
 from forecaster.metrics import evaluate, mase_scales, metric_by_group
 from forecaster.time_axis import season_length
-from forecaster.validation import validate_long_frame
+from forecaster.validation import in_callers_types, validate_long_frame
 
 
 class SupportsPredict(Protocol):
@@ -41,21 +41,26 @@ class SupportsPredict(Protocol):
 class BacktestResult:
     """Forecasts of every window beside the truth, and the metrics over all windows."""
 
-    forecasts: pd.DataFrame  # unique_id, ds, cutoff, y, mean, q... (window by window)
+    # unique_id, ds, cutoff, y, mean, q... (window by window), ids and timestamps typed as
+    # in the frame given (as `predict` gives them): an aware `ds` comes back in its zone.
+    forecasts: pd.DataFrame
     metrics: dict[str, float]  # metrics.evaluate over all windows
     n_windows: int
     horizon: int
     history: pd.DataFrame  # the validated frame the windows were cut from (MASE's scale)
     season_length: int  # MASE's seasonal lag
+    # The rows of `forecasts` as scored, beside `history`: ids as text, timestamps naive.
+    scored: pd.DataFrame = field(repr=False)
 
     def by_series(self, metric: str) -> pd.Series:
         """`metric` of each series over all its windows (index: series id as str)."""
-        return metric_by_group(self.forecasts, self.history, self.season_length, metric)
+        return metric_by_group(self.scored, self.history, self.season_length, metric)
 
     def by_window(self, metric: str) -> pd.Series:
-        """`metric` of each series in each window (index: series id as str, cutoff)."""
+        """`metric` of each series in each window (index: series id as str, cutoff as read
+        inside: naive, on the wall clock or in UTC as the model reads `ds`)."""
         return metric_by_group(
-            self.forecasts, self.history, self.season_length, metric, by=(ID, "cutoff")
+            self.scored, self.history, self.season_length, metric, by=(ID, "cutoff")
         )
 
     def mase_by_step(self) -> np.ndarray:
@@ -70,13 +75,13 @@ class BacktestResult:
                 "at": history.groupby(ID, sort=False).cumcount().to_numpy(),
             }
         )
-        rows = self.forecasts[[ID, TIME, "cutoff"]].assign(**{ID: self.forecasts[ID].astype("str")})
+        rows = self.scored[[ID, TIME, "cutoff"]]
         at = rows.merge(position, on=[ID, TIME], how="left")["at"].to_numpy()
         origin = rows.merge(
             position.rename(columns={TIME: "cutoff", "at": "origin"}), on=[ID, "cutoff"], how="left"
         )["origin"].to_numpy()
-        scale = mase_scales(self.forecasts, history, self.season_length)
-        error = np.abs(self.forecasts[TARGET] - self.forecasts["mean"]).to_numpy() / scale
+        scale = mase_scales(self.scored, history, self.season_length)
+        error = np.abs(self.scored[TARGET] - self.scored["mean"]).to_numpy() / scale
         frame = pd.DataFrame({ID: rows[ID].to_numpy(), "step": at - origin, "error": error})
         per_series = frame.groupby(["step", ID])["error"].mean()
         by_step = per_series.groupby(level="step").mean()
@@ -191,13 +196,17 @@ def backtest(
     metrics = evaluate(
         forecasts.drop(columns="cutoff"), history=frame, season_length=lag, quantiles=quantiles
     )
+    shown = in_callers_types(
+        forecasts.copy(), df, bool(validated.wall_clock), time_columns=(TIME, "cutoff")
+    )
     return BacktestResult(
-        forecasts=forecasts,
+        forecasts=shown,
         metrics=metrics,
         n_windows=n_windows,
         horizon=horizon,
         history=frame,
         season_length=lag,
+        scored=forecasts,
     )
 
 

@@ -53,7 +53,6 @@ from forecaster.glitches import mask_glitches, series_glitches
 from forecaster.model import PatchTransformer
 from forecaster.outputs import AttentionMaps, ForecastArrays, ModelOutput, no_glitches
 from forecaster.time_axis import (
-    in_zone,
     patch_length_for,
     regular_range,
     same_clock,
@@ -61,7 +60,6 @@ from forecaster.time_axis import (
     shift,
     steps_after,
     wall_clock_for,
-    zone_of,
 )
 from forecaster.training import (
     EpochLog,
@@ -76,6 +74,7 @@ from forecaster.training import (
 )
 from forecaster.validation import (
     ValidatedFrame,
+    in_callers_types,
     later_covariates,
     validate_future_frame,
     validate_long_frame,
@@ -363,7 +362,7 @@ class Forecaster:
         levels = self.check_quantiles(quantiles)
         inputs = self.prepare(df, future_df, horizon)
         forecast = self.forecast(inputs).select(horizon, levels).to_frame()
-        return _in_callers_types(forecast, df, self.wall_clock)
+        return in_callers_types(forecast, df, self.wall_clock)
 
     def prepare(
         self,
@@ -881,26 +880,6 @@ class Forecaster:
             mean = mean.clamp_min(0.0)
             quantiles = None if quantiles is None else quantiles.clamp_min(0.0)
         return ModelOutput(mean, quantiles)
-
-
-def _in_callers_types(
-    forecast: pd.DataFrame, df: pd.DataFrame | Mapping[str, np.ndarray], wall_clock: bool
-) -> pd.DataFrame:
-    """The forecast with the ids and timestamps typed as in `df`: inside, ids are strings and
-    timestamps tz-naive; a caller's integer or categorical ids or tz-aware `ds` come back as
-    given, aware `ds` read back as the history was read (`time_axis.zone_of`, `in_zone`)."""
-    given_ids = pd.Series(df[ID])
-    as_text = pd.api.types.is_string_dtype(given_ids) and not given_ids.hasnans
-    if not as_text or isinstance(given_ids.dtype, pd.CategoricalDtype):
-        # By text, as inside: distinct ids that compare equal (True and 1) stay apart.
-        text = given_ids.astype("str")
-        first = ~text.duplicated().to_numpy()
-        by_text = pd.Series(given_ids.to_numpy()[first], index=text.to_numpy()[first])
-        forecast[ID] = pd.array(by_text.loc[forecast[ID]].to_numpy(), dtype=given_ids.dtype)
-    zone = zone_of(df[TIME], wall_clock)
-    if zone is not None:
-        forecast[TIME] = in_zone(forecast[TIME], zone, wall_clock)
-    return forecast
 
 
 def _write_file(target: Path, data: bytes) -> None:

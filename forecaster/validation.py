@@ -46,6 +46,7 @@ from forecaster.time_axis import (
     business_hours,
     fixed_nanos,
     freq_alias,
+    in_zone,
     infer_offset,
     on_weekend,
     parse_freq,
@@ -53,6 +54,7 @@ from forecaster.time_axis import (
     read_timestamps,
     steps_after,
     wall_clock_for,
+    zone_of,
 )
 
 # Larger magnitudes overflow the squared deviations used for scaling, even in float64.
@@ -895,3 +897,27 @@ def _series_offset(ds_i8: np.ndarray) -> BaseOffset | None:
     except FrequencyInferenceError:
         return None
     return offset if _off_grid(ds_i8, same, offset) is None else None
+
+
+def in_callers_types(
+    forecast: pd.DataFrame,
+    df: pd.DataFrame | Mapping[str, np.ndarray],
+    wall_clock: bool,
+    time_columns: Sequence[str] = (TIME,),
+) -> pd.DataFrame:
+    """The forecast with the ids and timestamps (`time_columns`) typed as in `df`: inside, ids
+    are strings and timestamps tz-naive; a caller's integer, categorical or object ids or
+    tz-aware `ds` come back as given, aware `ds` read back as the history was read
+    (`time_axis.zone_of`, `in_zone`)."""
+    given_ids = pd.Series(df[ID])
+    if given_ids.dtype != forecast[ID].dtype or given_ids.hasnans:
+        # By text, as inside: distinct ids that compare equal (True and 1) stay apart.
+        text = given_ids.astype("str")
+        first = ~text.duplicated().to_numpy()
+        by_text = pd.Series(given_ids.to_numpy()[first], index=text.to_numpy()[first])
+        forecast[ID] = pd.array(by_text.loc[forecast[ID]].to_numpy(), dtype=given_ids.dtype)
+    zone = zone_of(df[TIME], wall_clock)
+    if zone is not None:
+        for column in time_columns:
+            forecast[column] = in_zone(forecast[column], zone, wall_clock)
+    return forecast

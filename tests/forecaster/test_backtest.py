@@ -159,3 +159,29 @@ def test_mase_by_step_averages_to_the_backtest_mase(fitted, series):
     assert by_step.shape == (fitted.max_horizon,) and np.isfinite(by_step).all()
     assert by_step.mean() == pytest.approx(result.metrics["mase"])
     assert by_step[:2].mean() < by_step[-2:].mean()
+
+
+def test_forecasts_come_back_in_the_callers_ids_and_zone(fitted, series):
+    """Integer ids and Berlin timestamps: the windows' forecasts carry them as `predict`
+    does, so they merge back onto the caller's frame and `ds` and `cutoff` read in the
+    history's zone (not naive UTC, an hour early); the metrics are those of the same frame
+    given naive with text ids."""
+    codes = {sid: k for k, sid in enumerate(series["unique_id"].unique())}
+    given = series.assign(
+        unique_id=series["unique_id"].map(codes).astype("int64"),
+        ds=series["ds"].dt.tz_localize("Europe/Berlin"),
+    )
+    result = backtest(fitted, given, n_windows=2)
+    forecasts = result.forecasts
+    assert forecasts["unique_id"].dtype == "int64"
+    assert str(forecasts["ds"].dt.tz) == str(forecasts["cutoff"].dt.tz) == "Europe/Berlin"
+    merged = forecasts.merge(given, on=["unique_id", "ds"], suffixes=("", "_given"))
+    assert len(merged) == len(forecasts)
+    np.testing.assert_array_equal(merged["y"], merged["y_given"])
+    last = given.groupby("unique_id")["ds"].max()
+    assert (forecasts.groupby("unique_id")["ds"].max() == last).all()
+    naive = backtest(
+        fitted, series.assign(ds=given["ds"].dt.tz_convert("UTC").dt.tz_localize(None)), n_windows=2
+    )
+    assert result.metrics == pytest.approx(naive.metrics)
+    np.testing.assert_allclose(result.by_series("mase"), naive.by_series("mase"))

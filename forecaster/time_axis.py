@@ -335,14 +335,16 @@ def _mixes_zones(col: pd.Series, raw: object) -> bool:
 def _to_datetime(col: pd.Series) -> pd.Series:
     if pd.api.types.is_datetime64_any_dtype(col):
         return col
-    # Inferred format first (fast, consistent input); ISO 8601 covers "2024-01-01" mixed with
-    # "2024-01-01 01:00"; "mixed" parses element by element, only reached for odd input.
+    # Inferred format first (fast, consistent input), then inferred day first: "13/01/2024"
+    # does not read month first, and "mixed" would read "10/01/2024" as 1 October beside it.
+    # ISO 8601 covers "2024-01-01" mixed with "2024-01-01 01:00"; "mixed" parses element by
+    # element, only reached for odd input.
     parsed = None
-    for fmt in (None, "ISO8601", "mixed"):
+    for fmt, dayfirst in ((None, False), (None, True), ("ISO8601", False), ("mixed", False)):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                attempt = pd.to_datetime(col, errors="coerce", format=fmt)
+                attempt = pd.to_datetime(col, errors="coerce", format=fmt, dayfirst=dayfirst)
         except (ValueError, TypeError, OverflowError):
             continue
         if parsed is None or attempt.isna().sum() < parsed.isna().sum():

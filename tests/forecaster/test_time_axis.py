@@ -358,3 +358,15 @@ def test_weekly_data_reads_without_pandas_deprecations():
         warnings.simplefilter("error")
         assert infer_frequency(pd.Series(weeks)) == "W-SUN"
         assert calendar_features(weeks).shape[0] == len(weeks)
+
+
+def test_day_first_text_reads_day_first_throughout():
+    """'01/01/2024' .. '20/01/2024' (a European export): read as 20 consecutive days, not
+    value by value, which read '10/01/2024' as 1 October beside '13/01/2024' as 13 January and
+    refused the sorted data as unsorted."""
+    days = pd.date_range("2024-01-01", periods=20, freq="D")
+    parsed = parse_timestamps(pd.Series(days.strftime("%d/%m/%Y")))
+    np.testing.assert_array_equal(parsed, days.to_numpy())
+    # Month first stays month first where it reads.
+    parsed = parse_timestamps(pd.Series(days.strftime("%m/%d/%Y")))
+    np.testing.assert_array_equal(parsed, days.to_numpy())

@@ -312,10 +312,15 @@ def split_future_rows(
     each series' future rows are appended with `y` empty. Both the registered pyfunc model and
     the service's `/invocations` read inputs this way. The future rows are the rows with an
     empty `y` after a series' last observed value; an empty `y` before it is a missing value.
+    Empty is what validation reads as missing (NaN, None, MISSING_TOKENS text); other text
+    stays history, where validation names it, instead of moving the forecast origin back.
     """
     if not covariates or TARGET not in frame.columns:
         return frame, None
-    missing = pd.to_numeric(frame[TARGET], errors="coerce").isna()
+    y = frame[TARGET]
+    missing = y.isna()
+    if not pd.api.types.is_numeric_dtype(y):
+        missing |= y.isin(MISSING_TOKENS)
     if not missing.any():
         return frame, None
     ids = frame[ID].astype("str")

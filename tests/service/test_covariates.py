@@ -122,6 +122,34 @@ def test_invocations_take_future_rows_with_empty_y(promo_client, promo_model, pr
     np.testing.assert_allclose(got["mean"], want["mean"], atol=1e-5)
 
 
+def test_invocations_refuse_text_in_the_last_history_y_naming_it(
+    promo_client, promo_model, promo_frame
+):
+    """Text in the last observed `y` is a bad value, not the start of the future rows: read as
+    empty it moved the forecast origin one step back and answered 200 with another forecast."""
+    past, future = _split(promo_frame, "series_002", promo_model.context_length)
+    frame = pd.concat([past, future.assign(y=np.nan)], ignore_index=True).astype({"y": object})
+    frame.loc[len(past) - 1, "y"] = "abc"
+    frame["ds"] = frame["ds"].dt.strftime("%Y-%m-%dT%H:%M:%S")
+    split = {
+        "columns": list(frame.columns),
+        "data": frame.astype(object).where(frame.notna(), None).values.tolist(),
+    }
+    response = promo_client.post("/invocations", json={"dataframe_split": split})
+    assert response.status_code == 400, response.text
+    assert "'abc'" in response.json()["detail"] and "series_002" in response.json()["detail"]
+    # "NA" spells an empty y, as in a CSV: future rows so given still forecast.
+    frame.loc[len(past) - 1, "y"] = past["y"].iloc[-1]
+    frame.loc[len(past) :, "y"] = "NA"
+    split["data"] = frame.astype(object).where(frame.notna(), None).values.tolist()
+    response = promo_client.post("/invocations", json={"dataframe_split": split})
+    assert response.status_code == 200, response.text
+    want = promo_model.predict(past, future_df=future)
+    np.testing.assert_allclose(
+        pd.DataFrame(response.json()["predictions"])["mean"], want["mean"], atol=1e-5
+    )
+
+
 def test_a_batch_job_for_a_model_with_covariates_is_refused_at_once(
     promo_client, promo_frame, tmp_path
 ):

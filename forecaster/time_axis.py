@@ -58,6 +58,9 @@ CALENDAR_FEATURES = (
     "month_of_year",
 )
 RANGE = f"{pd.Timestamp.min.date()}..{pd.Timestamp.max.date()}"
+# Longest fixed step: timestamps are int64 nanoseconds, and a longer one does not fit them
+# (half the range, 292 years).
+_MAX_STEP_NS = np.iinfo(np.int64).max
 # The nanosecond range in whole microseconds (inside it by less than a microsecond).
 _MIN_US = np.datetime64(pd.Timestamp.min.ceil("us").to_datetime64(), "us")
 _MAX_US = np.datetime64(pd.Timestamp.max.floor("us").to_datetime64(), "us")
@@ -591,7 +594,7 @@ def parse_freq(freq: str) -> BaseOffset:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             offset = to_offset(freq)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, OverflowError) as exc:
         raise FrequencyInferenceError(
             f"freq: {freq!r} is not a pandas offset alias (expected e.g. 'h', 'D', '15min', "
             f"'MS'): {exc}",
@@ -600,6 +603,12 @@ def parse_freq(freq: str) -> BaseOffset:
     if offset.n < 1:  # "0h" would stamp every step alike, "-1h" run backwards
         raise FrequencyInferenceError(
             f"freq: expected a positive step (e.g. 'h', 'D', '15min'), got {freq!r}",
+            field="freq",
+        )
+    nanos = fixed_nanos(offset)
+    if nanos is not None and nanos > _MAX_STEP_NS:
+        raise FrequencyInferenceError(
+            f"freq: a step of {freq!r} is too long for timestamps, which span {RANGE}",
             field="freq",
         )
     return offset

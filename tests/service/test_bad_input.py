@@ -161,14 +161,25 @@ def test_bad_request_fields(client, payload, changes, field, needle):
     assert needle in response.json()["detail"]
 
 
-@pytest.mark.parametrize("freq", ["0h", "-1h", "-2D"])
-def test_a_frequency_that_does_not_step_forward_is_422_on_freq(client, payload, freq):
+@pytest.mark.parametrize(
+    ("freq", "needle"),
+    [
+        ("0h", "expected a positive step"),
+        ("-1h", "expected a positive step"),
+        ("-2D", "expected a positive step"),
+        # Steps longer than int64 nanoseconds hold: an OverflowError and a 500 before.
+        ("9999999h", "too long for timestamps"),
+        ("99999999999min", "too long for timestamps"),
+        ("99999999999999999999999h", "not a pandas offset alias"),
+    ],
+)
+def test_a_frequency_that_cannot_step_is_422_on_freq(client, payload, freq, needle):
     series = {"id": "series_002", "start": "2024-01-01", "freq": freq, "values": [1.0] * 60}
     response = client.post("/v1/forecast", json={"series": [payload("series_000"), series]})
     assert response.status_code == 422, response.text
     error = response.json()
     assert (error["field"], error["series_id"]) == ("series[1].freq", "series_002")
-    assert "expected a positive step" in error["detail"], error["detail"]
+    assert needle in error["detail"], error["detail"]
 
 
 def test_covariates_for_a_model_without_covariates_are_422(client, payload):

@@ -485,12 +485,14 @@ class Forecaster:
         self,
         df: pd.DataFrame | Mapping[str, np.ndarray],
         future_df: pd.DataFrame | Mapping[str, np.ndarray] | None = None,
+        horizon: int | None = None,
     ) -> AttentionMaps:
         """Attention weights behind the forecast of each series of `df` (a long frame or its
-        columns; see AttentionMaps)."""
+        columns; see AttentionMaps). `future_df` is read as `predict` reads it for `horizon`
+        steps: covariates given for those steps only are held beyond them."""
         model = self._require_model()
         mc = self.model_config
-        prepared = self.prepare(df, future_df)
+        prepared = self.prepare(df, future_df, horizon)
         with torch.inference_mode():
             _, attention = model(
                 prepared.past_values.to(self.device),

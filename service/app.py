@@ -61,7 +61,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
     def predict_in_inference_mode(items: list) -> list:
         with torch.inference_mode():
-            return predict_items(items, on_online_forecast)
+            return predict_items(items)
 
     batcher = MicroBatcher(
         predict_in_inference_mode,
@@ -84,6 +84,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     )
     app.state.manager = manager
     app.state.batcher = batcher
+    app.state.on_served = on_online_forecast
     app.state.job_store = store
     app.state.job_runner = runner
 

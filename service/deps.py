@@ -7,6 +7,7 @@ per dependency per request costs more than everything they do.
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import Depends, Request, Security
@@ -14,6 +15,7 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 
 from service.batcher import MicroBatcher
 from service.errors import AuthError, ModelUnavailableError
+from service.inference import ItemForecast
 from service.job_runner import JobRunner
 from service.job_store import JobStore
 from service.metrics import ServiceMetrics
@@ -48,12 +50,19 @@ async def get_metrics(request: Request) -> ServiceMetrics:
     return request.app.state.metrics
 
 
+async def get_on_served(request: Request) -> Callable[[ItemForecast], None]:
+    """What takes each online forecast a request was answered with (glitch metrics, the
+    forecast log)."""
+    return request.app.state.on_served
+
+
 SettingsDep = Annotated[ServiceSettings, Depends(get_settings)]
 ManagerDep = Annotated[ModelManager, Depends(get_manager)]
 BatcherDep = Annotated[MicroBatcher, Depends(get_batcher)]
 JobStoreDep = Annotated[JobStore, Depends(get_job_store)]
 JobRunnerDep = Annotated[JobRunner, Depends(get_job_runner)]
 MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
+OnServedDep = Annotated[Callable[[ItemForecast], None], Depends(get_on_served)]
 
 
 async def get_served_model(manager: ManagerDep) -> ServedModel:

@@ -144,6 +144,8 @@ class OnlineItem:
     build: Callable[[], FrameParts]
     render: Callable[[ItemForecast], bytes] | None = None
     enqueued_at: float = 0.0
+    # Set once forecast; logged only when the request is answered with it (`run_online`).
+    forecast: ItemForecast | None = None
 
 
 class ForecastNotFiniteError(InvalidInputError):
@@ -326,12 +328,11 @@ def name_request_field(exc: ForecasterInputError, request: ForecastRequest) -> N
 # -- validated alone, forecast together ------------------------------------------------------
 
 
-def predict_items(
-    items: list[OnlineItem], on_forecast: Callable[[ItemForecast], None] | None = None
-) -> list[bytes | ItemForecast | Exception]:
+def predict_items(items: list[OnlineItem]) -> list[bytes | ItemForecast | Exception]:
     """Forecast every item: each validated alone, all of one model in one forward pass.
 
-    `on_forecast` sees each successful forecast before it is rendered (the forecast log).
+    Each successful forecast is kept on its item (`OnlineItem.forecast`) for the forecast
+    log, which takes it once the request is answered.
     """
     results: list[bytes | ItemForecast | Exception] = [b""] * len(items)
     built: dict[int, tuple[FrameParts, ModelInputs]] = {}
@@ -360,9 +361,8 @@ def predict_items(
             start += len(inputs)
             try:
                 forecast = _item_forecast(item, rows, parts)
-                if on_forecast is not None:
-                    on_forecast(forecast)
                 results[k] = item.render(forecast) if item.render is not None else forecast
+                item.forecast = forecast
             except Exception as exc:
                 results[k] = exc
     return results
@@ -409,7 +409,7 @@ def render_forecast(forecast: ItemForecast, horizon: int, include_attention: boo
     attention = None
     if include_attention:
         parts = forecast.parts
-        maps = forecast.model.forecaster.attention(parts.history, parts.future)
+        maps = forecast.model.forecaster.attention(parts.history, parts.future, horizon)
         attention = {
             str(sid): {
                 "context_start": maps.context_starts[s],

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from forecaster.errors import ForecasterInputError
 from service import rules
-from service.deps import BatcherDep, ServedModelDep, SettingsDep
+from service.deps import BatcherDep, OnServedDep, ServedModelDep, SettingsDep
 from service.inference import OnlineItem, name_request_field, render_forecast, request_frames
 from service.online import run_online
 from service.schemas import ForecastRequest, ForecastResponse
@@ -70,6 +70,7 @@ async def forecast(
     served: ServedModelDep,
     batcher: BatcherDep,
     settings: SettingsDep,
+    on_served: OnServedDep,
 ) -> Response:
     series = body.series
     rules.check_limits(
@@ -108,6 +109,7 @@ async def forecast(
             chunks,
             lambda forecast: render_forecast(forecast, horizon, include_attention),
             settings.request_timeout_s,
+            on_served,
         )
     except ForecasterInputError as exc:
         name_request_field(exc, body)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import functools
 import io
+import time
 from typing import Any
 
 import numpy as np
@@ -22,10 +23,10 @@ from fastapi import APIRouter, Request, Response
 from forecaster.data import split_future_rows
 from forecaster.time_axis import parse_iso
 from service import rules
-from service.deps import BatcherDep, ManagerDep, ServedModelDep, SettingsDep
+from service.deps import BatcherDep, ManagerDep, OnServedDep, ServedModelDep, SettingsDep
 from service.errors import InvalidInputError, UnsupportedMediaTypeError
 from service.inference import FrameParts, OnlineItem, frame_parts, render_mlflow
-from service.online import run_online
+from service.online import run_online, timeout_error
 
 router = APIRouter(tags=["mlflow-scoring"])
 
@@ -162,7 +163,11 @@ def _decode(data: bytes) -> dict[str, Any]:
     responses={400: {"description": "MLflow-style error: error_code, message"}},
 )
 async def invocations(
-    request: Request, served: ServedModelDep, batcher: BatcherDep, settings: SettingsDep
+    request: Request,
+    served: ServedModelDep,
+    batcher: BatcherDep,
+    settings: SettingsDep,
+    on_served: OnServedDep,
 ) -> Response:
     content_type = request.headers.get("content-type", "application/json")
     parts = [p.strip() for p in content_type.split(";")]
@@ -197,7 +202,13 @@ async def invocations(
         return frame_parts(*split_future_rows(_parse(data, mime), covariates))
 
     # Parsed off the event loop, then held to the same limits as /v1/forecast before queueing.
-    parts = await asyncio.to_thread(build)
+    # Reading the frame into columns counts against request_timeout_s, as /v1/forecast's
+    # does (there in the inference thread).
+    timeout_s, started = settings.request_timeout_s, time.monotonic()
+    try:
+        parts = await asyncio.wait_for(asyncio.to_thread(build), timeout_s)
+    except TimeoutError:
+        raise timeout_error(timeout_s) from None
     ids, lengths = parts.series()
     rules.check_limits(ids, lengths, settings, values_field="y")
     size = settings.max_batch_size
@@ -214,7 +225,15 @@ async def invocations(
     ]
     # Ids come back as the caller gave them (7, not "7"), as from `mlflow models serve`.
     render = functools.partial(render_mlflow, ids=parts.callers_ids())
-    content = await run_online(request, batcher, chunks, render, settings.request_timeout_s)
+    content = await run_online(
+        request,
+        batcher,
+        chunks,
+        render,
+        timeout_s,
+        on_served,
+        spent_s=time.monotonic() - started,
+    )
     # MLflow's body has no room for it; the alias may move between two requests.
     who = {"X-Model-Name": served.identity.name, "X-Model-Version": served.identity.version}
     return Response(content, media_type="application/json", headers=who)

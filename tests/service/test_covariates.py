@@ -54,6 +54,29 @@ def test_online_forecast_with_future_covariates(promo_client, promo_model, promo
     np.testing.assert_allclose(forecast["mean"], want["mean"], atol=1e-5)
 
 
+def test_attention_for_a_shorter_horizon_reads_the_covariates_as_the_forecast_does(
+    promo_client, promo_model, promo_frame
+):
+    """Covariates for the 3 steps asked for, as the schema asks: the attention maps come
+    with the forecast (they asked for all 12 steps' covariates and answered 422), and the
+    maps are those of the forecast served."""
+    past, future = _split(promo_frame, "series_001", promo_model.context_length, horizon=3)
+    series = {
+        "id": "series_001",
+        "timestamps": [t.isoformat() for t in past["ds"]],
+        "values": past["y"].tolist(),
+        "covariates": {"promo": past["promo"].tolist() + future["promo"].tolist()},
+    }
+    body = {"series": [series], "horizon": 3, "include_attention": True}
+    response = promo_client.post("/v1/forecast", json=body)
+    assert response.status_code == 200, response.text
+    forecast = response.json()["forecasts"][0]
+    maps = promo_model.attention(past, future[["unique_id", "ds", "promo"]], horizon=3)
+    np.testing.assert_allclose(forecast["attention"]["cross"][0], maps.cross[0][0], atol=1e-4)
+    want = promo_model.predict(past, horizon=3, future_df=future[["unique_id", "ds", "promo"]])
+    np.testing.assert_allclose(forecast["mean"], want["mean"], atol=1e-5)
+
+
 def test_covariates_missing_or_short_name_the_field(promo_client, promo_model, promo_frame):
     past, future = _split(promo_frame, "series_001", promo_model.context_length)
     series = {

@@ -159,6 +159,29 @@ def test_timeout_is_504(make_client, payload, monkeypatch):
     assert client.post("/v1/forecast", json={"series": [payload("series_000")]}).status_code == 200
 
 
+def test_invocations_count_reading_the_frame_against_the_timeout(make_client, history, monkeypatch):
+    """/v1/forecast reads its series into columns inside the timed part; /invocations read
+    its frame before the clock started, and answered 200 long after request_timeout_s."""
+    from service.routers import scoring
+
+    client = make_client(request_timeout_s=0.2)
+    original = scoring.fast_split_parts
+
+    def slow(decoded):
+        time.sleep(0.6)
+        return original(decoded)
+
+    monkeypatch.setattr(scoring, "fast_split_parts", slow)
+    frame = history[history["unique_id"] == "series_000"]
+    split = {
+        "columns": ["unique_id", "ds", "y"],
+        "data": [[u, t.isoformat(), y] for u, t, y in frame[["unique_id", "ds", "y"]].values],
+    }
+    response = client.post("/invocations", json={"dataframe_split": split})
+    assert response.status_code == 504, response.text
+    assert "request_timeout_s" in response.json()["detail"]
+
+
 @pytest.mark.parametrize(
     ("setting", "value", "needle"),
     [

@@ -399,6 +399,19 @@ def read_datetimes(
         if on_wall_clock(wall) if wall_clock is None else wall_clock:
             return _to_nanoseconds(wall, values, ids), True
     aware = any(v.tzinfo is not None for v in values)
+    if aware and not all(v.tzinfo is not None for v in values):
+        # As for text (`read_timestamps`): the naive ones would be read as UTC, an hour or two
+        # from what their writer meant beside the others.
+        i = next(k for k, v in enumerate(values) if v.tzinfo is None)
+        sid = None if ids is None else str(ids[i])
+        where = "" if sid is None else f"series {sid!r}: "
+        raise InvalidTimestampsError(
+            f"{where}{TIME} value {values[i].isoformat()!r} is given without a time zone or UTC "
+            f"offset while other values have one (or the other way round) at row {i}; expected "
+            "a timestamp such as '2024-01-01 00:00' with all or none of them",
+            series_id=sid,
+            field=TIME,
+        )
     naive = [v.astimezone(UTC).replace(tzinfo=None) if v.tzinfo is not None else v for v in values]
     return _to_nanoseconds(_microseconds(naive), values, ids), False if aware else None
 

@@ -248,11 +248,11 @@ def test_read_datetimes_reads_daily_offsets_on_the_wall_clock():
         read_datetimes(list(hourly.to_pydatetime()))[0],
         hourly.tz_convert("UTC").tz_localize(None).to_numpy(),
     )
-    # Naive and aware values mixed: aware ones still converted to UTC.
+    # Naive and aware values mixed: refused as such text is (the naive ones read as UTC
+    # would be an hour or two from what their writer meant), naming the series and value.
     mixed = [local[0].to_pydatetime(), given[1]]
-    np.testing.assert_array_equal(
-        read_datetimes(mixed)[0], np.array(["2024-03-20", "2024-03-20T23:00"], "datetime64[ns]")
-    )
+    with pytest.raises(InvalidTimestampsError, match=r"'s1': ds value '2024-03-20T00:00:00'"):
+        read_datetimes(mixed, ids=np.array(["s1", "s1"]))
 
 
 def test_a_column_of_datetimes_with_changing_offsets_is_read_by_the_same_rule():

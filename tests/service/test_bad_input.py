@@ -6,6 +6,7 @@ import io
 import json
 import math
 
+import pandas as pd
 import pytest
 
 CONTEXT, HORIZON = 48, 12  # the tiny model of conftest.py
@@ -35,6 +36,9 @@ def _break(payload, how):
         s["values"] = s["values"][:-1]
     elif how == "bad_timestamp":
         s["timestamps"][2] = "yesterday-ish"
+    elif how == "mixed_zones":  # an offset among naive times, as /invocations refuses it
+        local = pd.Timestamp(s["timestamps"][5]) + pd.Timedelta(hours=1)
+        s["timestamps"][5] = f"{local.isoformat()}+01:00"  # the same instant, if naive is UTC
     elif how == "bad_freq":
         s = {"id": "series_002", "start": "2024-01-01", "freq": "fortnightly", "values": [1.0] * 60}
     elif how == "wrong_freq":
@@ -60,6 +64,7 @@ CASES = {
     "duplicate": (422, "series[1].timestamps"),
     "length_mismatch": (422, "series[1]"),
     "bad_timestamp": (422, "series[1].timestamps[2]"),
+    "mixed_zones": (422, "series[1].timestamps"),
     "bad_freq": (422, "series[1].freq"),
     "wrong_freq": (422, "series[1].freq"),
     "coarser_freq": (422, "series[1].freq"),

@@ -8,6 +8,7 @@ import json
 import os
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from forecaster.data import MISSING_TOKENS
+from forecaster.time_axis import in_zone
 from service.errors import InvalidInputError
 
 REQUIRED_COLUMNS = ("unique_id", "ds", "y")
@@ -255,21 +257,62 @@ def write_errors(errors: list[dict[str, Any]], path: Path) -> None:
     os.replace(tmp, path)
 
 
+@dataclass(frozen=True)
+class CallersTypes:
+    """How a Parquet input typed its ids and timestamps, for the result to type them alike:
+    the core reads ids as text and timestamps naive (as the model reads them, on their zone's
+    wall clock or in UTC), and integer ids or Berlin times would otherwise come back as
+    '7' and as naive times an hour off, where `forecaster predict` and `/invocations` give
+    them back as given. A CSV's are text, and stay so."""
+
+    id_type: pa.DataType | None = None  # None: the ids are text
+    zone: str | None = None  # None: the timestamps are naive
+    wall_clock: bool = False  # how the model reads aware timestamps
+
+    @staticmethod
+    def of(path: Path, fmt: str, wall_clock: bool) -> CallersTypes:
+        if fmt != "parquet":
+            return CallersTypes()
+        schema = pq.read_schema(path)
+        id_type = schema.field("unique_id").type
+        if pa.types.is_dictionary(id_type):
+            id_type = id_type.value_type
+        text = pa.types.is_string(id_type) or pa.types.is_large_string(id_type)
+        ds_type = schema.field("ds").type
+        zone = ds_type.tz if pa.types.is_timestamp(ds_type) else None
+        return CallersTypes(None if text else id_type, zone, wall_clock)
+
+    def restore(self, table: pa.Table) -> pa.Table:
+        """A result or glitches table (text ids, naive `ds`) typed as the input was."""
+        if self.id_type is not None:
+            with contextlib.suppress(pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                ids = table.column("unique_id").cast(self.id_type)
+                table = table.set_column(
+                    table.schema.get_field_index("unique_id"), "unique_id", ids
+                )
+        if self.zone is not None:
+            ds = pd.Series(table.column("ds").to_numpy(), dtype="datetime64[ns]")
+            zoned = pa.array(in_zone(ds, self.zone, self.wall_clock))
+            table = table.set_column(table.schema.get_field_index("ds"), "ds", zoned)
+        return table
+
+
 def glitches_part(files: JobFiles, part: int) -> Path:
     """Where part `part` lists its glitches (written only when it has some)."""
     return files.parts / f"{part:05d}.glitches.parquet"
 
 
-def write_glitches(files: JobFiles, n_parts: int) -> None:
+def write_glitches(files: JobFiles, n_parts: int, callers: CallersTypes) -> None:
     """The parts' glitches as one CSV (`unique_id, ds`), in part order, written atomically."""
     tmp = temp_beside(files.glitches_csv)
     schema = pa.schema([("unique_id", pa.string()), ("ds", pa.timestamp("ns"))])
+    typed = callers.restore(schema.empty_table()).schema
     try:
-        with pacsv.CSVWriter(tmp, schema) as writer:
+        with pacsv.CSVWriter(tmp, typed) as writer:
             for p in range(n_parts):
                 path = glitches_part(files, p)
                 if path.exists():
-                    writer.write_table(pq.read_table(path).cast(schema))
+                    writer.write_table(callers.restore(pq.read_table(path).cast(schema)))
         os.replace(tmp, files.glitches_csv)
     finally:
         tmp.unlink(missing_ok=True)
@@ -289,22 +332,26 @@ def count_rows(path: Path, fmt: str) -> int | None:
         return None
 
 
-def assemble(files: JobFiles, n_parts: int, output_format: str) -> None:
-    """Stream the parts into result.parquet (and result.csv when asked), atomically."""
+def assemble(
+    files: JobFiles, n_parts: int, output_format: str, callers: CallersTypes = CallersTypes()
+) -> None:
+    """Stream the parts into result.parquet (and result.csv when asked), atomically, with the
+    ids and timestamps typed as the input's (`callers`)."""
     parts = [files.parts / f"{p:05d}.parquet" for p in range(n_parts)]
-    if len(parts) == 1:  # the part is the result: renamed, not rewritten
+    if len(parts) == 1 and callers == CallersTypes():  # the part is the result: renamed
         fsync_file(parts[0])
         os.replace(parts[0], files.result_parquet)
     else:
         # Empty partitions hold a schema-only table; take the schema from one with rows.
         with_rows = [p for p in parts if pq.ParquetFile(p).metadata.num_rows]
         schema = pq.read_schema(with_rows[0] if with_rows else parts[0])
+        typed = callers.restore(schema.empty_table()).schema
         tmp = temp_beside(files.result_parquet)
-        with pq.ParquetWriter(tmp, schema) as writer:
+        with pq.ParquetWriter(tmp, typed) as writer:
             for path in parts:
                 pf = pq.ParquetFile(path)
                 for i in range(pf.num_row_groups):
-                    writer.write_table(pf.read_row_group(i).cast(schema))
+                    writer.write_table(callers.restore(pf.read_row_group(i).cast(schema)))
         fsync_file(tmp)
         os.replace(tmp, files.result_parquet)
     if output_format == "csv":

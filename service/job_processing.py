@@ -38,6 +38,7 @@ from pipelines.series_chunks import whole_series_chunks
 from service.errors import InvalidInputError
 from service.job_files import (
     REQUIRED_COLUMNS,
+    CallersTypes,
     JobFiles,
     assemble,
     collect_errors,
@@ -179,9 +180,10 @@ def process_job(ctx: JobContext) -> None:
                 field=first.get("field"),
                 series_id=first.get("series_id"),
             )
+    callers = CallersTypes.of(input_path, job.input_format, forecaster.wall_clock)
     if any(glitches_part(files, p).exists() for p in range(n_done)):
-        write_glitches(files, n_done)
-    assemble(files, n_done, job.output_format)
+        write_glitches(files, n_done, callers)
+    assemble(files, n_done, job.output_format, callers)
     shutil.rmtree(files.partitions, ignore_errors=True)
     shutil.rmtree(files.parts, ignore_errors=True)
 

@@ -573,3 +573,40 @@ def test_an_id_that_spells_a_missing_value_is_a_series_and_na_values_are_missing
     assert done["status"] == "succeeded" and done["series_failed"] == 0, done
     got = pd.read_csv(io.BytesIO(client.get(done["result_url"]).content), keep_default_na=False)
     assert set(got["unique_id"]) == set(named["unique_id"])
+
+
+@pytest.mark.parametrize("partition_bytes", [None, 4096], ids=["one_part", "many_parts"])
+def test_a_parquet_input_gets_its_id_type_and_zone_back(
+    make_client, history, fitted, partition_bytes
+):
+    """Integer ids and Berlin timestamps: the result has them as `predict` and `forecaster
+    predict` give them (before: ids '0', '1' that joined with nothing, and naive UTC times
+    that read an hour early)."""
+    settings = {} if partition_bytes is None else {"batch_partition_bytes": partition_bytes}
+    client = make_client(**settings)
+    codes = {sid: k for k, sid in enumerate(history["unique_id"].unique())}
+    given = history.assign(
+        unique_id=history["unique_id"].map(codes).astype("int64"),
+        ds=history["ds"].dt.tz_localize("Europe/Berlin"),
+    )
+    buffer = io.BytesIO()
+    given.to_parquet(buffer, index=False)
+    response = client.post(
+        "/v1/batch-jobs",
+        content=buffer.getvalue(),
+        headers={"content-type": "application/vnd.apache.parquet"},
+    )
+    assert response.status_code == 202, response.text
+    done = wait_for_job(client, response.json()["id"])
+    assert done["status"] == "succeeded", done
+    got = pd.read_parquet(io.BytesIO(client.get(done["result_url"]).content))
+    got = got.sort_values(["unique_id", "ds"]).reset_index(drop=True)
+    want = fitted.predict(given).sort_values(["unique_id", "ds"]).reset_index(drop=True)
+    assert got["unique_id"].dtype == "int64" and str(got["ds"].dt.tz) == "Europe/Berlin"
+    assert got["unique_id"].tolist() == want["unique_id"].tolist()
+    assert (got["ds"] == want["ds"]).all()
+    np.testing.assert_allclose(got["mean"], want["mean"], rtol=1e-5, atol=1e-5)
+    as_csv = client.get(f"{done['result_url']}?format=csv")
+    read_back = pd.read_csv(io.BytesIO(as_csv.content))
+    instants = pd.to_datetime(read_back["ds"], utc=True).sort_values(ignore_index=True)
+    assert (instants == want["ds"].dt.tz_convert("UTC").sort_values(ignore_index=True)).all()

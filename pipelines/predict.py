@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from forecaster import Forecaster
-from forecaster.data import csv_reading, ids_as_text, load_frame, reading
+from forecaster.data import csv_reading, ids_as_text, load_frame, reading, split_future_rows
 from forecaster.errors import EmptyDataError, ForecasterInputError, MissingColumnsError
 from forecaster.outputs import ForecastArrays
 from forecaster.time_axis import in_zone, zone_of
@@ -190,23 +190,35 @@ def forecast_batch(
     """One batched forecast of the complete series in ``batch``, as a file's rows hold them
     (``.to_frame()`` gives what ``Forecaster.predict`` returns).
 
-    With known-future covariates, a series' rows with an empty ``y`` are its future.
+    With known-future covariates, a series' rows with an empty ``y`` after its last observed
+    value are its future (`forecaster.data.split_future_rows`).
     """
-    history, future = batch, None
-    if forecaster.model_config.covariates:
-        is_future = pd.to_numeric(batch[TARGET], errors="coerce").isna().to_numpy()
-        history = batch[~is_future].reset_index(drop=True)
-        future = batch[is_future].reset_index(drop=True)
+    history, future = split_future_rows(batch, forecaster.model_config.covariates)
     steps = forecaster.check_horizon(horizon)
     levels = forecaster.check_quantiles(quantiles)
     return forecaster.forecast(forecaster.prepare(history, future, steps)).select(steps, levels)
 
 
-def _zoned(frame: pd.DataFrame, zone: Any, wall_clock: bool) -> pd.DataFrame:
-    """`frame`'s naive ds in time zone `zone` (see time_axis.in_zone); as is when None."""
-    if zone is None:
-        return frame
-    return frame.assign(**{TIME: in_zone(frame[TIME], zone, wall_clock)})
+def _as_given(frame: pd.DataFrame, zone: Any, wall_clock: bool, id_type: Any) -> pd.DataFrame:
+    """`frame`'s naive ds in time zone `zone` (see time_axis.in_zone; as is when None) and its
+    text ids as `id_type` (a Parquet input's integer ids; as is when None)."""
+    if zone is not None:
+        frame = frame.assign(**{TIME: in_zone(frame[TIME], zone, wall_clock)})
+    if id_type is not None:
+        frame = frame.assign(**{ID: frame[ID].astype(id_type)})
+    return frame
+
+
+def _parquet_id_type(path: Path) -> Any:
+    """The numpy dtype of a Parquet input's ids when they are numbers or booleans, which
+    `read_chunks` reads as text; None for text ids and CSV input."""
+    if _kind(path, "input") != "parquet":
+        return None
+    arrow = pq.read_schema(path).field(ID).type
+    numeric = (
+        pa.types.is_integer(arrow) or pa.types.is_floating(arrow) or pa.types.is_boolean(arrow)
+    )
+    return arrow.to_pandas_dtype() if numeric else None
 
 
 def check_paths(
@@ -293,7 +305,9 @@ def predict_file(
                 field=missing[0],
             )
         chunks, total = read_chunks(input_path, [ID, TIME, TARGET, *covariates])
+        id_type = _parquet_id_type(input_path)
     else:  # wide: one series per variable, read whole
+        id_type = None
         frame = load_frame(input_path, time_column=time_column)
         chunks, total = iter([frame]), len(frame)
 
@@ -304,14 +318,17 @@ def predict_file(
     try:
         for batch in whole_series_chunks(chunks, chunk_series):
             forecast = forecast_batch(forecaster, batch, horizon=horizon, quantiles=quantiles)
-            # An aware ds comes back in its zone, as from Forecaster.predict.
+            # An aware ds comes back in its zone, and integer ids as integers, as from
+            # Forecaster.predict.
             zone = zone_of(batch[TIME], forecaster.wall_clock)
-            writer.write(_zoned(forecast.to_frame(), zone, forecaster.wall_clock))
+            writer.write(_as_given(forecast.to_frame(), zone, forecaster.wall_clock, id_type))
             counts = np.fromiter((len(g) for g in forecast.glitches), dtype=np.int64)
             n_glitches += int(counts.sum())
             n_glitched_series += int((counts > 0).sum())
             if glitch_writer is not None:
-                glitch_writer.write(_zoned(forecast.glitch_frame(), zone, forecaster.wall_clock))
+                glitch_writer.write(
+                    _as_given(forecast.glitch_frame(), zone, forecaster.wall_clock, id_type)
+                )
             if log is not None:
                 log.append(records(forecast, model_name=ref.name, model_version=ref.version))
             n_series += int(batch[ID].nunique())

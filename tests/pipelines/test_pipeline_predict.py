@@ -297,14 +297,20 @@ def test_an_output_that_cannot_be_a_file_is_one_line_and_exit_2(
 
 def test_an_aware_history_is_forecast_in_its_time_zone(model_dir, history, tmp_path):
     """As from Forecaster.predict: hourly data in Berlin time comes back in Berlin time, not
-    as naive UTC that reads an hour early."""
-    aware = history.assign(ds=history["ds"].dt.tz_localize("Europe/Berlin"))
+    as naive UTC that reads an hour early, and integer ids as integers (they came back as
+    text, which joins with nothing)."""
+    codes = {sid: k for k, sid in enumerate(history["unique_id"].unique())}
+    aware = history.assign(
+        ds=history["ds"].dt.tz_localize("Europe/Berlin"),
+        unique_id=history["unique_id"].map(codes).astype("int64"),
+    )
     aware.to_parquet(tmp_path / "in.parquet", index=False)
     predict_file(str(model_dir), tmp_path / "in.parquet", tmp_path / "out.parquet", progress=False)
     got = pd.read_parquet(tmp_path / "out.parquet")
     want = Forecaster.load(model_dir, device="cpu").predict(aware)
     assert str(got["ds"].dt.tz) == "Europe/Berlin"
     assert (got["ds"] == want["ds"]).all()
+    assert got["unique_id"].dtype == "int64" and (got["unique_id"] == want["unique_id"]).all()
     last = aware.groupby("unique_id")["ds"].max()
     first = got.groupby("unique_id")["ds"].min()
     assert (first - last.loc[first.index] == pd.Timedelta(hours=1)).all()

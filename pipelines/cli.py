@@ -317,6 +317,9 @@ def rollback_command(args: argparse.Namespace) -> int:
             to_version=args.to_version,
             tracking_uri=settings.resolved_tracking_uri,
         )
+    if result.from_version == result.to_version:
+        print(f"champion  {result.model_name} v{result.to_version} already: nothing changed")
+        return 0
     before = "none" if result.from_version is None else f"v{result.from_version}"
     print(f"champion  {result.model_name} {before} -> v{result.to_version}")
     return 0

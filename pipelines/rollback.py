@@ -35,9 +35,11 @@ def rollback(
     *, model_name: str, to_version: str | None = None, tracking_uri: str | None = None
 ) -> RollbackResult:
     """Move ``champion`` to ``to_version``, or by default to the version the current champion
-    replaced when it was promoted (its ``promotion.previous_champion`` tag). Rolling back
-    twice goes two promotions back. With ``to_version``, a model that has lost its champion
-    gets one again.
+    replaced when it last became champion (its ``promotion.previous_champion`` tag): by a
+    promotion, or by a rollback to it by name, which records the version it replaced there,
+    so that a plain rollback undoes it. Rolling back twice goes two promotions back. With
+    ``to_version``, a model that has lost its champion gets one again. Naming the champion
+    itself changes nothing.
 
     The target must load: a version whose artifacts are gone or damaged (a champion that
     was replaced because it could not be loaded) is refused before the alias moves.
@@ -48,6 +50,7 @@ def rollback(
         UnloadableModelError: the target's artifacts cannot be loaded.
     """
     client = tracking.client(tracking_uri)
+    named = to_version is not None
     if to_version is not None:
         # Named, the target needs no current champion: this restores one that was lost.
         current = _current_champion(model_name, tracking_uri)
@@ -71,8 +74,17 @@ def rollback(
                     model_uri=f"models:/{model_name}@{CHAMPION}",
                 )
         target = resolve_model(f"models:/{model_name}/{to_version}", tracking_uri=tracking_uri)
+        if target.version == current.version:
+            logger.info(
+                "%s@%s is version %s already: nothing changed", model_name, CHAMPION, target.version
+            )
+            return RollbackResult(model_name, current.version, target.version)
         load_version(target, tracking_uri=tracking_uri, device="cpu")
         try:
+            if named:  # what a plain rollback goes back to from here
+                client.set_model_version_tag(
+                    model_name, target.version, PREVIOUS_CHAMPION, current.version
+                )
             client.set_model_version_tag(
                 model_name,
                 current.version,

@@ -87,19 +87,31 @@ def test_promotion_rules_and_rollback(store, data_csv, capsys):
     assert "already champion" in capsys.readouterr().out
     assert client_for(store).get_model_version("forecaster", "2").tags == promoted
 
-    # Rollback goes back to the version it replaced, and no further than the first champion.
+    # Rollback goes back to the version it replaced, by promotion (2 over 3) or by name (3
+    # over 1, above), and no further than the first champion.
     assert main(rollback) == 0
     assert "v2 -> v3" in capsys.readouterr().out
     assert _aliases(store)["champion"] == "3"
     assert (
         client_for(store).get_model_version("forecaster", "2").tags["rollback.replaced_by"] == "3"
     )
+    assert main(rollback) == 0
+    assert "v3 -> v1" in capsys.readouterr().out
     assert main(rollback) == 3
     assert "first champion" in capsys.readouterr().err
     assert main([*rollback, "--to-version", "2"]) == 0
     assert resolve_model("models:/forecaster@champion", tracking_uri=uri).version == "2"
+    assert main(rollback) == 0  # a rollback by name is undone by a plain one
+    assert "v2 -> v1" in capsys.readouterr().out
+    assert main([*rollback, "--to-version", "2"]) == 0
     assert main([*rollback, "--to-version", "7"]) == 3
     assert resolve_model("models:/forecaster@champion", tracking_uri=uri).version == "2"
+    # Naming the champion changes nothing: it is not marked as rolled back by itself.
+    record = client_for(store).get_model_version("forecaster", "2").tags
+    capsys.readouterr()
+    assert main([*rollback, "--to-version", "2"]) == 0
+    assert "already: nothing changed" in capsys.readouterr().out
+    assert client_for(store).get_model_version("forecaster", "2").tags == record
 
     # A model that lost its champion gets one back from a named version.
     client_for(store).delete_registered_model_alias("forecaster", "champion")

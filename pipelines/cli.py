@@ -172,6 +172,7 @@ def train_command(args: argparse.Namespace) -> int:
         PipelineRun(settings, "train") as run,
     ):
         data = load_data(settings, None)
+        run.log_data(data)
         summary = train_and_register(settings, data, run)
     print(f"run       {summary.run_id}")
     _print_glitches(summary.training.glitches)
@@ -215,6 +216,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
             f"{model.min_history} point(s) of history need "
             f"{model.min_history + windows * model.max_horizon} per series",
         )
+        run.log_data(data, **{"backtest.windows": windows})
         evaluation = evaluate(
             model,
             data.frame,

@@ -27,6 +27,7 @@ import socket
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import mlflow
 import pandas as pd
@@ -293,6 +294,11 @@ class PipelineRun:
         )
         return self
 
+    def log_data(self, data: IngestResult, **params: Any) -> None:
+        """The data the run read (source, fingerprint, size, span) as its params, with
+        `params`: every run says what its metrics were computed on."""
+        log_params(self.client, self.run_id, {**data.as_params(), **params})
+
     @uninterruptible
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
@@ -322,11 +328,12 @@ class PipelineRun:
 def train_and_register(
     settings: PipelineSettings, data: IngestResult, run: PipelineRun
 ) -> TrainResultSummary:
-    """Split, train, evaluate and register ``data`` inside ``run``; alias `challenger`."""
+    """Split, train, evaluate and register ``data`` inside ``run`` (which logged it:
+    `PipelineRun.log_data`); alias `challenger`."""
     client = run.client
     inputs = training_inputs(settings, data.fingerprint)
     parts = split(data.frame, _plan(settings))
-    log_params(client, run.run_id, {**data.as_params(), **parts.as_params()})
+    log_params(client, run.run_id, parts.as_params())
     outcome = train(
         parts,
         settings.model_config_obj(),
@@ -389,6 +396,7 @@ def retrain(
         PipelineRun(settings, "retrain") as run,
     ):
         ingested = load_data(settings, data)
+        run.log_data(ingested)
         monitoring = _monitor(settings, ingested, run)
         inputs = training_inputs(settings, ingested.fingerprint)
         same = None
@@ -463,4 +471,6 @@ def check_champion(
         tracking.tracking_errors(settings.resolved_tracking_uri),
         PipelineRun(settings, "monitor") as run,
     ):
-        return _monitor(settings, load_data(settings, data, to_train=False), run)
+        ingested = load_data(settings, data, to_train=False)
+        run.log_data(ingested)
+        return _monitor(settings, ingested, run)

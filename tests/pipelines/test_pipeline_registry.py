@@ -356,3 +356,36 @@ def test_a_retrain_that_would_repeat_a_decision_registers_nothing(
     assert retrain_module.training_inputs(settings, first.fingerprint) == inputs
     monkeypatch.setattr(retrain_module, "code_version", lambda: "git:0123456789ab-dirty")
     assert retrain_module.training_inputs(settings, first.fingerprint) is None
+
+
+def test_every_run_records_the_data_it_read(store, data_csv, capsys, monkeypatch):
+    """Evaluate and monitor runs, and a retrain that trained nothing, logged no params: their
+    metrics and decisions could not be traced to the data they were computed on."""
+    from pipelines import retrain as retrain_module
+    from pipelines.tracking import KIND_TAG
+
+    monkeypatch.setattr(retrain_module, "code_version", lambda: "git:0123456789ab")
+    client = client_for(store)
+    cfg = config_file(store)
+    args = ["--config", str(cfg), "--data", str(data_csv)]
+    assert main(["evaluate", *args, "--windows", "1"]) == 0
+    assert main(["monitor", *args]) == 0
+    assert main(["retrain", *args]) == 0
+    capsys.readouterr()
+    assert main(["retrain", *args]) == 0  # the same inputs again: trains nothing
+    assert "unchanged" in capsys.readouterr().out
+    runs = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()],
+        order_by=["attributes.start_time DESC"],
+    )
+    latest = {}
+    for run in runs:
+        latest.setdefault(run.data.tags.get(KIND_TAG), run)
+    first = client.get_run(latest["retrain"].info.run_id)
+    fingerprint = client.get_model_version("forecaster", "1").tags["data.fingerprint"]
+    for kind in ("evaluate", "monitor", "retrain"):
+        params = latest[kind].data.params
+        assert params["data.fingerprint"] == fingerprint, (kind, params)
+        assert params["data.source"] == str(data_csv.resolve()), kind
+    assert latest["evaluate"].data.params["backtest.windows"] == "1"
+    assert "retrain.unchanged" in first.data.tags

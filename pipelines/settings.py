@@ -116,6 +116,9 @@ class PipelineSettings(BaseSettings):
         protected_namespaces=(),
         # `--set experiment=2024` reads 2024 as YAML, a number: a name all the same.
         coerce_numbers_to_str=True,
+        # No setting is meaningful at infinity or NaN (`promotion_margin=.nan` was refused as
+        # "should be less than 1"), as in the service's settings.
+        allow_inf_nan=False,
     )
 
     # -- MLflow ---------------------------------------------------------------------------
@@ -355,10 +358,18 @@ def _build(cls: type, overrides: dict[str, Any], section: str) -> Any:
 
 
 def _check_yaml(path: Path, known: set[str]) -> None:
+    if path.is_dir():
+        raise InvalidConfigError(
+            f"config file {path}: is a directory; expected a YAML file", field="config"
+        )
     if not path.is_file():
         raise InvalidConfigError(f"config file {path}: no such file", field="config")
     try:
         content = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise InvalidConfigError(
+            f"config file {path}: cannot be read ({exc.strerror})", field="config"
+        ) from None
     except yaml.YAMLError as exc:
         raise InvalidConfigError(
             f"config file {path}: not valid YAML: {exc}", field="config"

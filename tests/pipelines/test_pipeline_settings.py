@@ -85,6 +85,8 @@ def test_a_misspelled_variable_is_refused_naming_it(tmp_path, monkeypatch, where
         ({"train": {"max_epochs": "many"}}, "max_epochs"),
         ({"promotion_metric": "r2"}, "promotion_metric"),
         ({"promotion_margin": 1.5}, "promotion_margin"),
+        # NaN was refused as "should be less than 1", which says nothing of what is wrong.
+        ({"promotion_margin": float("nan")}, "promotion_margin: Input should be a finite"),
         ({"backtest_windows": 0}, "backtest_windows"),
         ({"val_length": 10, "model": {"prediction_length": 12}}, "val_length"),
         ({"promotion_margn": 0.02}, "promotion_margn"),
@@ -119,6 +121,8 @@ def test_names_given_as_numbers_are_names():
 def test_yaml_file_problems_are_named(tmp_path):
     with pytest.raises(InvalidConfigError, match="no such file"):
         PipelineSettings.load(tmp_path / "missing.yaml")
+    with pytest.raises(InvalidConfigError, match="is a directory; expected a YAML file"):
+        PipelineSettings.load(tmp_path)
     bad = tmp_path / "bad.yaml"
     bad.write_text("experimnet: typo\n")
     with pytest.raises(InvalidConfigError, match="experimnet"):

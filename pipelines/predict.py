@@ -24,7 +24,6 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -33,11 +32,10 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from forecaster import Forecaster
-from forecaster.data import csv_reading, ids_as_text, load_frame, reading, split_future_rows
+from forecaster.data import csv_reading, load_frame, reading, split_future_rows
 from forecaster.errors import EmptyDataError, ForecasterInputError, MissingColumnsError
 from forecaster.outputs import ForecastArrays
-from forecaster.time_axis import in_zone, zone_of
-from forecaster.validation import ID, TARGET, TIME
+from forecaster.validation import ID, TARGET, TIME, in_callers_types
 from pipelines.forecast_log import ForecastLog, records
 from pipelines.registry import ModelRef, load_forecaster
 from pipelines.series_chunks import whole_series_chunks
@@ -115,9 +113,7 @@ def read_chunks(
 
         def parquet_chunks() -> Iterator[pd.DataFrame]:
             for batch in file.iter_batches(batch_size=rows, columns=list(columns)):
-                frame = batch.to_pandas()
-                frame[ID] = ids_as_text(frame[ID])  # as the CSV reader reads them
-                yield frame
+                yield batch.to_pandas()
 
         return _checked(path, parquet_chunks()), file.metadata.num_rows
     with reading(path, "input"):
@@ -197,28 +193,6 @@ def forecast_batch(
     steps = forecaster.check_horizon(horizon)
     levels = forecaster.check_quantiles(quantiles)
     return forecaster.forecast(forecaster.prepare(history, future, steps)).select(steps, levels)
-
-
-def _as_given(frame: pd.DataFrame, zone: Any, wall_clock: bool, id_type: Any) -> pd.DataFrame:
-    """`frame`'s naive ds in time zone `zone` (see time_axis.in_zone; as is when None) and its
-    text ids as `id_type` (a Parquet input's integer ids; as is when None)."""
-    if zone is not None:
-        frame = frame.assign(**{TIME: in_zone(frame[TIME], zone, wall_clock)})
-    if id_type is not None:
-        frame = frame.assign(**{ID: frame[ID].astype(id_type)})
-    return frame
-
-
-def _parquet_id_type(path: Path) -> Any:
-    """The numpy dtype of a Parquet input's ids when they are numbers or booleans, which
-    `read_chunks` reads as text; None for text ids and CSV input."""
-    if _kind(path, "input") != "parquet":
-        return None
-    arrow = pq.read_schema(path).field(ID).type
-    numeric = (
-        pa.types.is_integer(arrow) or pa.types.is_floating(arrow) or pa.types.is_boolean(arrow)
-    )
-    return arrow.to_pandas_dtype() if numeric else None
 
 
 def check_paths(
@@ -305,9 +279,7 @@ def predict_file(
                 field=missing[0],
             )
         chunks, total = read_chunks(input_path, [ID, TIME, TARGET, *covariates])
-        id_type = _parquet_id_type(input_path)
     else:  # wide: one series per variable, read whole
-        id_type = None
         frame = load_frame(input_path, time_column=time_column)
         chunks, total = iter([frame]), len(frame)
 
@@ -318,17 +290,15 @@ def predict_file(
     try:
         for batch in whole_series_chunks(chunks, chunk_series):
             forecast = forecast_batch(forecaster, batch, horizon=horizon, quantiles=quantiles)
-            # An aware ds comes back in its zone, and integer ids as integers, as from
+            # Ids and an aware ds come back as given (integer ids, the zone), as from
             # Forecaster.predict.
-            zone = zone_of(batch[TIME], forecaster.wall_clock)
-            writer.write(_as_given(forecast.to_frame(), zone, forecaster.wall_clock, id_type))
+            wall_clock = forecaster.wall_clock
+            writer.write(in_callers_types(forecast.to_frame(), batch, wall_clock))
             counts = np.fromiter((len(g) for g in forecast.glitches), dtype=np.int64)
             n_glitches += int(counts.sum())
             n_glitched_series += int((counts > 0).sum())
             if glitch_writer is not None:
-                glitch_writer.write(
-                    _as_given(forecast.glitch_frame(), zone, forecaster.wall_clock, id_type)
-                )
+                glitch_writer.write(in_callers_types(forecast.glitch_frame(), batch, wall_clock))
             if log is not None:
                 log.append(records(forecast, model_name=ref.name, model_version=ref.version))
             n_series += int(batch[ID].nunique())

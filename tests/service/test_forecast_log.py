@@ -46,31 +46,6 @@ def test_online_and_batch_forecasts_are_logged(make_client, tmp_path, history, p
     assert [t.isoformat() for t in mine["ds"]] == first["timestamps"]
 
 
-def test_only_forecasts_a_request_was_answered_with_are_logged(
-    make_client, tmp_path, payload, monkeypatch
-):
-    """A request answered 504: the batch in flight still finishes, but its forecast was never
-    served, and monitoring must not score it as one."""
-    client = make_client(request_timeout_s=0.2, forecast_log_flush_s=3600)
-    batcher = client.app.state.batcher
-    original = batcher.process
-
-    def slow(items):
-        time.sleep(0.6)
-        return original(items)
-
-    monkeypatch.setattr(batcher, "process", slow)
-    late = client.post("/v1/forecast", json={"series": [payload("series_000")]})
-    assert late.status_code == 504, late.text
-    time.sleep(1.0)  # the slow batch finishes after the answer
-    monkeypatch.setattr(batcher, "process", original)
-    served = client.post("/v1/forecast", json={"series": [payload("series_001")]})
-    assert served.status_code == 200, served.text
-    client.__exit__(None, None, None)
-    log = read_log(tmp_path / "data" / "forecast_log")
-    assert log["unique_id"].unique().tolist() == ["series_001"]
-
-
 def test_rows_count_as_logged_once_written_and_as_dropped_when_they_cannot_be(
     make_client, tmp_path, payload, caplog
 ):

@@ -141,8 +141,12 @@ def test_series_and_history_limits(make_client, payload):
     assert response.json()["series_id"] == "series_001"
 
 
-def test_timeout_is_504(make_client, payload, monkeypatch):
-    client = make_client(request_timeout_s=0.2)
+def test_timeout_is_504_and_its_forecast_is_not_logged(make_client, payload, monkeypatch, tmp_path):
+    """The batch in flight still finishes after the 504, but its forecast was never served:
+    monitoring must not score it as one (2,800 rows of a 1,000-series request were logged)."""
+    from pipelines.forecast_log import read_log
+
+    client = make_client(request_timeout_s=0.2, forecast_log_flush_s=3600)
     batcher = client.app.state.batcher
     original = batcher.process
 
@@ -154,9 +158,12 @@ def test_timeout_is_504(make_client, payload, monkeypatch):
     response = client.post("/v1/forecast", json={"series": [payload("series_000")]})
     assert response.status_code == 504
     assert "request_timeout_s" in response.json()["detail"]
+    time.sleep(1.0)  # the slow batch finishes; its result is dropped
     monkeypatch.setattr(batcher, "process", original)
-    time.sleep(0.5)  # the slow batch finishes; its result is dropped
-    assert client.post("/v1/forecast", json={"series": [payload("series_000")]}).status_code == 200
+    assert client.post("/v1/forecast", json={"series": [payload("series_001")]}).status_code == 200
+    client.__exit__(None, None, None)  # shutdown flushes the log
+    log = read_log(tmp_path / "data" / "forecast_log")
+    assert log["unique_id"].unique().tolist() == ["series_001"]
 
 
 def test_invocations_count_reading_the_frame_against_the_timeout(make_client, history, monkeypatch):

@@ -110,23 +110,32 @@ def score(log: pd.DataFrame, actuals: pd.DataFrame, season: int) -> Realised:
         actuals: long frame (``unique_id``, ``ds``, ``y``); missing ``y`` is not scored.
         season: MASE's seasonal lag.
     """
-    truth = pd.DataFrame(
+    # Missing values stay rows: a row is a step for the seasonal differences of the scale.
+    history = pd.DataFrame(
         {
             ID: actuals[ID].astype("str").to_numpy(),
             TIME: actuals[TIME].to_numpy(dtype="datetime64[ns]"),
             TARGET: actuals[TARGET].to_numpy(np.float64),
         }
-    ).dropna(subset=[TARGET])
+    )
+    truth = history.dropna(subset=[TARGET])
     rows = log.assign(**{ID: log[ID].astype("str")})
     scored = rows.merge(truth, on=[ID, TIME], how="inner").reset_index(drop=True)
     if not len(scored):
         return Realised({}, scored.assign(scaled_error=pd.Series(dtype="float64")))
     # Each version's series scaled by the history before that version's own first forecast,
-    # seasonally (as its backtest MASE is): another version's rows, or a history too short
-    # for the season, must not move its verdict.
+    # seasonally (as its backtest MASE is): another version's rows must not move its verdict.
+    # Forecasts too early for the data to hold a season of history before them (a feed that
+    # keeps its last days, and a champion that has served longer) are not scaled: the first
+    # one after such a history starts the scored stretch. Left unscaled, every series' MASE
+    # was undefined and read as "not degraded", whatever the errors.
+    positions = history.groupby(ID, sort=False).cumcount().to_numpy()
+    earliest = history.loc[positions == season + 1].set_index(ID)[TIME]
+    first_scalable = earliest.reindex(scored[ID].to_numpy()).to_numpy(dtype="datetime64[ns]")
+    scalable = scored[TIME].to_numpy(dtype="datetime64[ns]") >= first_scalable  # NaT: never
     scale = np.full(len(scored), np.nan)
-    for _, group in scored.groupby("model_version", sort=False):
-        scale[group.index] = mase_scales(group, truth, season, seasonal_only=True)
+    for _, group in scored[scalable].groupby("model_version", sort=False):
+        scale[group.index] = mase_scales(group, history, season, seasonal_only=True)
     scored = scored.assign(scaled_error=np.abs(scored[TARGET] - scored["mean"]) / scale)
     inside = (scored[TARGET] >= scored["lower"]) & (scored[TARGET] <= scored["upper"])
     has_interval = scored["lower"].notna() & scored["upper"].notna()

@@ -85,6 +85,19 @@ def test_a_version_is_scaled_by_its_own_history_and_seasonally_only():
     assert math.isnan(beside.versions["1"].mase)  # 2 points before t2: no seasonal difference
 
 
+def test_a_feed_that_starts_after_the_first_forecast_scales_from_a_season_into_it():
+    """A feed that keeps its last days holds no history before a long-serving champion's
+    first forecast: its MASE was undefined, and read as "not degraded" however large the
+    errors. Forecasts from the first one with a season of history before it are scored."""
+    actuals = pd.DataFrame({"unique_id": "a", "ds": T[1:], "y": [4.0, 0, 5, 1, 3, 1]})
+    log = _log_rows("2", "a", 0, [4, 0, 5, 4, 4, 4])  # right at t1-t3, then off by 3, 1, 3
+    accuracy = score(log, actuals, season=2).versions["2"]
+    # Scored from t4, the first with a season and one more point before it; scaled by
+    # t1-t3's one seasonal difference, |5 - 4| = 1.
+    assert accuracy.mase == pytest.approx((3 + 1 + 3) / 3)
+    assert (accuracy.points, accuracy.mae) == (6, pytest.approx(7 / 6))
+
+
 def test_coverage_is_of_one_nominal_level():
     """Bands logged at two levels blended into one coverage reported at the larger level
     (0.514 'at 0.8', made of 0.715 at 0.8 and 0.313 at 0.4)."""

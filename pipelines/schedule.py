@@ -15,12 +15,15 @@ none: retraining when it is needed rather than every night.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, tzinfo
 from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
@@ -60,15 +63,16 @@ def run_schedule(
     run_now: bool = False,
     on_degradation: bool = False,
     sleep: Callable[[float], None] = time.sleep,
-    now: Callable[[], datetime] = lambda: datetime.now().astimezone(),
+    now: Callable[[], datetime] | None = None,
 ) -> ScheduleReport:
-    """Run ``retrain`` at every tick of ``cron`` (default: the ``schedule`` setting).
+    """Run ``retrain`` at every tick of ``cron`` (default: the ``schedule`` setting), read in
+    the ``schedule_timezone`` setting's zone (default: the machine's).
 
     Args:
         max_runs: stop after this many ticks (None: run until interrupted).
         run_now: run once at start, before waiting for the first tick.
         on_degradation: retrain only at ticks where the champion is degraded (or absent).
-        sleep, now: the time source (tests inject a fast clock).
+        sleep, now: the time source (tests inject a fast clock; aware datetimes).
 
     Raises:
         PipelineLockedError: another scheduler is running.
@@ -84,6 +88,9 @@ def run_schedule(
             "forecast_log directory, got none (forecast_log is empty)",
             field="forecast_log",
         )
+    if now is None:
+        zone = schedule_zone(settings.schedule_timezone)
+        now = lambda: datetime.now(zone)  # noqa: E731
     report = ScheduleReport()
     with pipeline_lock(scheduler_lock_path(settings), what="scheduler"):
         first = run_now
@@ -137,6 +144,25 @@ def run_schedule(
                     now().isoformat(timespec="seconds"),
                 )
     return report
+
+
+def schedule_zone(name: str | None) -> tzinfo:
+    """The zone cron times are read in, with its daylight-saving rules: `name`, else the
+    machine's (TZ, else /etc/localtime), else the fixed offset it has now. A fixed offset
+    (what `datetime.now().astimezone()` gives) moved "0 3 * * *" to 02:00 after the autumn
+    change, and ran it twice that night."""
+    if name is not None:
+        return ZoneInfo(name)
+    given = os.environ.get("TZ", "").lstrip(":")
+    if given:
+        with contextlib.suppress(ZoneInfoNotFoundError, ValueError):
+            return ZoneInfo(given)
+    else:
+        with contextlib.suppress(OSError, ValueError), open("/etc/localtime", "rb") as file:
+            return ZoneInfo.from_file(file, key="localtime")
+    zone = datetime.now().astimezone().tzinfo
+    assert zone is not None
+    return zone
 
 
 def _needs_retrain(settings: PipelineSettings, data: str | Path | None) -> bool:

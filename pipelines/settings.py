@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 from croniter import CroniterBadDateError, croniter
@@ -186,6 +187,9 @@ class PipelineSettings(BaseSettings):
 
     # -- schedule -------------------------------------------------------------------------
     schedule: str = "0 3 * * *"
+    # IANA time zone the schedule's times are read in, daylight saving included ("0 3 * * *"
+    # is 03:00 there every day); None: the machine's (TZ, else /etc/localtime).
+    schedule_timezone: str | None = None
     # Lock file that keeps two pipeline runs from overlapping: only runs that share it (runs
     # from other directories or hosts against one tracking server need it on shared storage).
     lock_file: Path = Path(".forecaster-pipeline.lock")
@@ -200,6 +204,18 @@ class PipelineSettings(BaseSettings):
         problem = cron_problem(value)
         if problem:
             raise ValueError(problem)
+        return value
+
+    @field_validator("schedule_timezone")
+    @classmethod
+    def _known_zone(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                ZoneInfo(value)
+            except (ZoneInfoNotFoundError, ValueError):
+                raise ValueError(
+                    f"expected an IANA time zone such as 'Europe/Berlin' or 'UTC', got {value!r}"
+                ) from None
         return value
 
     @field_validator("tracking_uri")

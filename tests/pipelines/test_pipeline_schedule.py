@@ -92,3 +92,37 @@ def test_a_run_of_an_earlier_process_with_this_pid_is_marked_killed(tmp_path):
     run = client.get_run(left)
     assert run.info.status == "KILLED"
     assert "process died" in run.data.tags["error"]
+
+
+def test_nightly_ticks_stay_at_their_local_hour_across_daylight_saving(monkeypatch):
+    """Ticks were computed in the fixed offset of the moment (`datetime.now().astimezone()`):
+    after the autumn change "0 3 * * *" fell at 02:00 and then 03:00 the same night, and at
+    04:00 after the spring one. Read in the machine's zone (TZ here), every night once at 03:00."""
+    from croniter import croniter
+
+    from pipelines.schedule import schedule_zone
+
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    zone = schedule_zone(None)
+    autumn = datetime(2026, 10, 24, 3, 1, tzinfo=zone)  # the change is on the 25th
+    spring = datetime(2026, 3, 28, 3, 1, tzinfo=zone)  # and on 29 March
+    for start, offsets in ((autumn, [1, 1, 1]), (spring, [2, 2, 2])):
+        ticks = croniter("0 3 * * *", start)
+        nights = [ticks.get_next(datetime) for _ in range(3)]
+        assert [(t.day - start.day, t.hour, t.minute) for t in nights] == [
+            (1, 3, 0),
+            (2, 3, 0),
+            (3, 3, 0),
+        ]
+        assert [n.utcoffset() for n in nights] == [timedelta(hours=h) for h in offsets]
+    assert str(schedule_zone("America/New_York")) == "America/New_York"  # the setting wins
+
+
+def test_an_unknown_schedule_timezone_is_refused_naming_it():
+    import pytest
+
+    from forecaster.errors import InvalidConfigError
+    from pipelines.settings import PipelineSettings
+
+    with pytest.raises(InvalidConfigError, match="schedule_timezone: .*IANA time zone"):
+        PipelineSettings.load(schedule_timezone="Mars/Olympus_Mons")

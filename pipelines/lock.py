@@ -40,3 +40,16 @@ def pipeline_lock(path: str | Path, *, what: str = "pipeline run") -> Iterator[N
         with contextlib.suppress(OSError):
             holder.unlink()
         lock.release()
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this machine (another user's counts)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)  # no signal: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True

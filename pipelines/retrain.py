@@ -40,7 +40,7 @@ from pipelines import tracking
 from pipelines.evaluate import Evaluation, evaluate
 from pipelines.ingest import IngestResult, ingest
 from pipelines.interrupt import uninterruptible
-from pipelines.lock import pipeline_lock
+from pipelines.lock import pipeline_lock, process_alive
 from pipelines.monitor import BACKTEST_MASE_BY_STEP, MonitorResult, monitor, step_tag
 from pipelines.promote import DECISION, PromotionDecision, promote_with_settings
 from pipelines.refit import REFIT_OF, refit
@@ -225,7 +225,7 @@ def mark_stale_runs(client: MlflowClient, experiment_id: str) -> None:
         if pid == os.getpid() and process == PROCESS:
             error = "the run ended while the tracking server could not be reached"
             status = RunStatus.FAILED
-        elif pid != os.getpid() and _alive(pid):
+        elif pid != os.getpid() and process_alive(pid):
             continue
         else:
             error, status = "process died before the run finished", RunStatus.KILLED
@@ -239,16 +239,6 @@ def mark_stale_runs(client: MlflowClient, experiment_id: str) -> None:
             error,
         )
 
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from pipelines.cli import register_commands
+from pipelines.lock import process_alive
 from service.metrics import MULTIPROC_ENV
 from service.settings import DEFAULT_MODEL_URI, ServiceSettings, settings_env
 
@@ -56,10 +59,22 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _prepare_multiprocess_metrics(default_dir: Path) -> None:
-    """Point prometheus-client's multiprocess mode at an empty directory before the workers
-    start (they inherit the variable), so /metrics sums every worker's counters."""
-    directory = Path(os.environ.get(MULTIPROC_ENV) or default_dir)
+def _prepare_multiprocess_metrics(root: Path) -> None:
+    """Point prometheus-client's multiprocess mode at an empty directory of this server's
+    own before the workers start (they inherit the variable), so /metrics sums every worker's
+    counters and no other server's: `root/<host>-<pid>`. Replicas share a data directory, and
+    with one directory for all a starting server deleted the others' values, then reported
+    their traffic as its own. Directories of this host's servers that are gone are removed."""
+    given = os.environ.get(MULTIPROC_ENV)
+    if given:
+        directory = Path(given)  # the operator's choice: one server's, emptied at its start
+    else:
+        host = socket.gethostname()
+        for old in root.glob(f"{host}-*"):
+            pid = old.name.rsplit("-", 1)[1]
+            if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
+                shutil.rmtree(old, ignore_errors=True)
+        directory = root / f"{host}-{os.getpid()}"
     directory.mkdir(parents=True, exist_ok=True)
     for stale in directory.glob("*.db"):  # values of a previous server are not ours
         stale.unlink()

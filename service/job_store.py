@@ -23,6 +23,8 @@ from typing import Any
 
 from sqlalchemy import create_engine, event, make_url, text
 
+from pipelines.lock import process_alive
+
 MAX_ATTEMPTS = 3
 
 # Types that mean the same in both databases: SQLite reads DOUBLE PRECISION as REAL and BIGINT
@@ -135,13 +137,7 @@ def _owner_is_dead(owner: str | None, me: str) -> bool:
         return False  # another machine's worker: only its lease tells
     if pid == int(my_pid):
         return token != my_token
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    return not process_alive(pid)
 
 
 def job_store_url(location: str | Path) -> str:

@@ -28,6 +28,7 @@ from prometheus_client import (
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from forecaster.outputs import ForecastArrays
+from pipelines.lock import process_alive
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # The `metric` labels of forecaster_model_realised_accuracy (pipelines.monitor's version tags).
@@ -55,12 +56,8 @@ def _forget_dead_workers(directory: Path) -> None:
         if (match := re.fullmatch(r"gauge_live\w+?_(\d+)\.db", path.name))
     }
     for pid in pids - {os.getpid()}:
-        try:
-            os.kill(pid, 0)  # no signal: only asks whether the process exists
-        except ProcessLookupError:
+        if not process_alive(pid):
             multiprocess.mark_process_dead(pid, str(directory))
-        except PermissionError:  # alive, another user's
-            pass
 
 
 LATENCY_BUCKETS = (

@@ -82,3 +82,33 @@ def test_a_worker_killed_outright_leaves_no_live_gauges_behind(tmp_path, monkeyp
     assert 'version="1"' not in text
     assert "forecaster_queue_depth 3.0" not in text
     assert not list(tmp_path.glob("gauge_live*_*.db"))
+
+
+def test_servers_sharing_a_data_directory_keep_their_metrics_apart(tmp_path, monkeypatch):
+    """Replicas share a data directory: a starting server deleted every value file of the
+    shared metrics directory (the running one's counts dropped to 0), and both then summed
+    each other's. Each server has a directory of its own; a gone server's is removed."""
+    import socket
+
+    from service import cli
+    from service.metrics import MULTIPROC_ENV
+
+    root = tmp_path / "prometheus"
+    host = socket.gethostname()
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        other = root / f"{host}-{running.pid}"  # a running server's values
+        other.mkdir(parents=True)
+        (other / "counter_1.db").write_bytes(b"values")
+        gone = root / f"{host}-999999999"  # a server that is no more
+        gone.mkdir()
+        monkeypatch.setenv(MULTIPROC_ENV, "")  # so that the test ends with it as it found it
+        monkeypatch.delenv(MULTIPROC_ENV)
+        cli._prepare_multiprocess_metrics(root)
+        mine = root / f"{host}-{os.getpid()}"
+        assert os.environ[MULTIPROC_ENV] == str(mine) and mine.is_dir()
+        assert (other / "counter_1.db").read_bytes() == b"values"
+        assert not gone.exists()
+    finally:
+        running.kill()
+        running.wait()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -168,12 +169,35 @@ class ForecastLog:
                 prune(self.directory, self.retention_days)
             return path
 
-    def _write(self, table: pa.Table) -> Path:
+    def adopt(self, staged: Path) -> Path:
+        """Make a file of log rows written elsewhere part of the log, under a name of its own:
+        a batch job stages its chunks' rows beside its parts and hands them over once its
+        result is committed, so a cancelled or restarted job logs nothing it did not serve.
+        Raises OSError when it cannot be moved or copied in; `staged` is then left as it is."""
+        rows = pq.ParquetFile(staged).metadata.num_rows
+        with self._write_lock:
+            path, tmp = self._new_path()
+            try:
+                try:
+                    os.replace(staged, path)
+                except OSError:  # another file system: copied in, then renamed into place
+                    shutil.copyfile(staged, tmp)
+                    os.replace(tmp, path)
+                    staged.unlink()
+            finally:
+                tmp.unlink(missing_ok=True)
+            self.written_rows += rows
+        return path
+
+    def _new_path(self) -> tuple[Path, Path]:
+        """A new log file's name, and the temporary name it is written under."""
         self.directory.mkdir(parents=True, exist_ok=True)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
         name = f"{_PREFIX}{stamp}-{os.getpid()}-{uuid.uuid4().hex[:8]}{_SUFFIX}"
-        path = self.directory / name
-        tmp = self.directory / f".{name}.tmp"
+        return self.directory / name, self.directory / f".{name}.tmp"
+
+    def _write(self, table: pa.Table) -> Path:
+        path, tmp = self._new_path()
         try:
             pq.write_table(table, tmp)
             os.replace(tmp, path)

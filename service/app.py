@@ -56,8 +56,6 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
     def on_batch_forecast(arrays: ForecastArrays, identity: ModelIdentity) -> None:
         metrics.count_glitches("batch", arrays)
-        if forecast_log is not None:
-            forecast_log.record(arrays, identity)
 
     def predict_in_inference_mode(items: list) -> list:
         with torch.inference_mode():
@@ -81,6 +79,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         lease_s=settings.job_lease_s,
         ttl_s=None if settings.job_ttl_hours is None else settings.job_ttl_hours * 3600,
         on_forecast=on_batch_forecast,
+        # A job's forecasts are logged once its result is committed, not chunk by chunk: a
+        # cancelled job, or one restarted under another version, served none of them.
+        publish_log=forecast_log.adopt if forecast_log is not None else None,
     )
     app.state.manager = manager
     app.state.batcher = batcher

@@ -14,7 +14,10 @@ import asyncio
 import contextlib
 import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
+
+import pyarrow.parquet as pq
 
 from forecaster.outputs import ForecastArrays
 from pipelines.forecast_log import ForecastLog, records
@@ -77,6 +80,19 @@ class ServiceForecastLog:
                 return
             self._pending.append((identity, forecast))
             self._pending_rows += rows
+
+    def adopt(self, staged: Sequence[Path]) -> None:
+        """Hand a finished batch job's staged log files over to the log (`ForecastLog.adopt`);
+        a file that cannot be is reported and its rows counted as dropped."""
+        for path in staged:
+            try:
+                self.log.adopt(path)
+            except OSError as exc:
+                logger.warning("forecast log: could not add %s: %s", path, exc)
+                with contextlib.suppress(OSError):
+                    rows = pq.ParquetFile(path).metadata.num_rows
+                    self.metrics.forecast_log_rows.labels("dropped").inc(rows)
+        self._count()
 
     def _count(self) -> None:
         written, dropped = self.log.written_rows, self.log.dropped_rows

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from forecaster import Forecaster
 from forecaster.errors import ForecasterInputError, MissingValuesError, SeriesNotContiguousError
 from forecaster.outputs import ForecastArrays
+from pipelines.forecast_log import records
 from pipelines.predict import forecast_batch
 from pipelines.series_chunks import whole_series_chunks
 from service.errors import InvalidInputError
@@ -78,7 +79,10 @@ class JobContext:
     partition_bytes: int
     report: Callable[..., bool]  # update(**progress) -> still ours?
     stopping: threading.Event
-    on_forecast: ForecastHook | None = None  # sees each chunk's forecast (the forecast log)
+    on_forecast: ForecastHook | None = None  # sees each chunk's forecast (glitch metrics)
+    # Takes the job's staged forecast-log files once its result is committed; None: the
+    # service keeps no forecast log, and nothing is staged.
+    publish_log: Callable[[list[Path]], None] | None = None
 
 
 def check_batchable(forecaster: Forecaster) -> None:
@@ -184,6 +188,9 @@ def process_job(ctx: JobContext) -> None:
     if any(glitches_part(files, p).exists() for p in range(n_done)):
         write_glitches(files, n_done, callers)
     assemble(files, n_done, job.output_format, callers)
+    if ctx.publish_log is not None:  # served now: the log takes what the result holds
+        staged = [log_part(files.parts / f"{p:05d}.parquet") for p in range(n_done)]
+        ctx.publish_log([path for path in staged if path.exists()])
     shutil.rmtree(files.partitions, ignore_errors=True)
     shutil.rmtree(files.parts, ignore_errors=True)
 
@@ -444,6 +451,8 @@ def _forecast_partition(
     writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-job-write")
     written: Future[None] | None = None
     glitches: list[pd.DataFrame] = []
+    logged: list[pa.Table] = []
+    identity = ctx.served.identity
     try:
         for lo, hi in zip(starts, ends, strict=True):
             if ctx.stopping.is_set():
@@ -451,7 +460,11 @@ def _forecast_partition(
             arrays = _forecast_good_series(ctx, frame.iloc[lo:hi], errors)
             if arrays is not None:  # None: every series of the chunk was bad
                 if ctx.on_forecast is not None:
-                    ctx.on_forecast(arrays, ctx.served.identity)
+                    ctx.on_forecast(arrays, identity)
+                if ctx.publish_log is not None:
+                    logged.append(
+                        records(arrays, model_name=identity.name, model_version=identity.version)
+                    )
                 result = arrays.to_arrow()
                 if writer is None:
                     writer = pq.ParquetWriter(tmp, result.schema)
@@ -480,8 +493,18 @@ def _forecast_partition(
         tmp_glitches = temp_beside(glitches_path)
         pd.concat(glitches, ignore_index=True).to_parquet(tmp_glitches, index=False)
         os.replace(tmp_glitches, glitches_path)
+    if logged:  # before the part: a part on disk has its log rows staged
+        staged = log_part(part)
+        tmp_log = temp_beside(staged)
+        pq.write_table(pa.concat_tables(logged), tmp_log)
+        os.replace(tmp_log, staged)
     os.replace(tmp, part)
     return in_part, errors
+
+
+def log_part(part: Path) -> Path:
+    """Where a part's forecast-log rows are staged until the job's result is committed."""
+    return part.with_name(part.stem + ".log.parquet")
 
 
 def _forecast_good_series(

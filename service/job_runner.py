@@ -15,6 +15,7 @@ import logging
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -55,9 +56,11 @@ class JobRunner:
         lease_s: float,
         ttl_s: float | None = None,
         on_forecast: ForecastHook | None = None,
+        publish_log: Callable[[list[Path]], None] | None = None,
     ):
         self.store = store
         self.on_forecast = on_forecast
+        self.publish_log = publish_log
         self.jobs_dir = Path(jobs_dir)
         self.manager = manager
         self.metrics = metrics
@@ -162,6 +165,7 @@ class JobRunner:
             report=report,
             stopping=self._stopping,
             on_forecast=self.on_forecast,
+            publish_log=self.publish_log,
         )
         heartbeat = asyncio.create_task(self._heartbeat(job.id))
         loop = asyncio.get_running_loop()

@@ -498,6 +498,8 @@ class TrainConfig:
             choice = self.impute_padding
             if isinstance(choice, bool):
                 choice = (choice,) * N_HISTORY_BANDS
+            if isinstance(choice, list):  # JSON has no tuples, as for every tuple field
+                choice = tuple(choice)
             _check(
                 isinstance(choice, tuple)
                 and len(choice) == N_HISTORY_BANDS

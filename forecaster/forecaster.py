@@ -39,6 +39,7 @@ from forecaster.config import (
     config_to_dict,
 )
 from forecaster.errors import (
+    FrequencyInferenceError,
     HorizonTooLongError,
     InvalidConfigError,
     InvalidTimestampsError,
@@ -53,6 +54,7 @@ from forecaster.glitches import mask_glitches, series_glitches
 from forecaster.model import PatchTransformer
 from forecaster.outputs import AttentionMaps, ForecastArrays, ModelOutput, no_glitches
 from forecaster.time_axis import (
+    parse_freq,
     patch_length_for,
     regular_range,
     same_clock,
@@ -157,6 +159,16 @@ class Forecaster:
     def __init__(
         self, model_config: ModelConfig | None = None, train_config: TrainConfig | None = None
     ):
+        for name, given, kind in (
+            ("model_config", model_config, ModelConfig),
+            ("train_config", train_config, TrainConfig),
+        ):
+            if given is not None and not isinstance(given, kind):
+                raise InvalidConfigError(
+                    f"{name}: expected a {kind.__name__} (or None for the defaults), got "
+                    f"{type(given).__name__}; e.g. {kind.__name__}(**values) for a dict",
+                    field=name,
+                )
         self.model_config = model_config or ModelConfig()
         # As given: each fit resolves what it leaves None (patch, season) from its own data.
         self._given_model_config = self.model_config
@@ -294,22 +306,33 @@ class Forecaster:
     def refit_config(self) -> TrainConfig:
         """The TrainConfig that retrains this fitted model's configuration on all the data along
         the path validation kept (`replay_lr_factors`), with its interval factors and its
-        reading of the left padding; with no kept epoch, the linear start alone."""
+        reading of the left padding; with no kept epoch, the linear start alone.
+
+        Only the Forecaster that trained knows its path: a loaded (or unfitted) one raises,
+        where it returned a configuration that trained the linear start alone, uncalibrated.
+        """
         result = self.train_result
+        if result is None:
+            raise RuntimeError(
+                "refit_config needs the path this Forecaster trained along, which only the "
+                "Forecaster that ran fit() has (a loaded model keeps its weights, not its "
+                "training): refit from that one, or fit this configuration anew"
+            )
         return dataclasses.replace(
             self.train_config,
-            replay_lr_factors=result.kept_lr_factors if result else (),
+            replay_lr_factors=result.kept_lr_factors,
             max_epochs=0,
-            interval_scale=result.interval_scale if result else None,
-            impute_padding=result.impute_padding if result else None,
+            interval_scale=result.interval_scale,
+            impute_padding=result.impute_padding,
         )
 
     def _train_on_tail(
         self, model: PatchTransformer, panel: SeriesPanel, judged: TrainResult
     ) -> TrainResult:
         """Train the kept weights `tail_epochs` more epochs on every window of `panel`, the
-        held-out tail's included, at the last learning rate of their path; the linear start,
-        the quantile head and the interval factors stay as validation chose them. Returns
+        held-out tail's included, at the last learning rate of their path (the linear start
+        too, at its own rate, as in every epoch); the quantile head and the interval factors
+        stay as validation chose them. Returns
         `judged` with the tail epochs' own result in `.tail`."""
         config = self.train_config
         more = dataclasses.replace(
@@ -898,6 +921,11 @@ def _read_saved(
     """The config, the weights and the reference forecast (None in models saved without one)
     of a directory `Forecaster.save` wrote; `ModelFileError` naming the file that is missing,
     damaged, or, by the checksums in config.json (models saved since), from another save."""
+    if not path.is_dir():
+        what = "a file" if path.exists() else "not found"
+        raise ModelFileError(
+            f"{path}: {what}; expected a directory written by Forecaster.save", field="model"
+        )
     found: dict[str, bytes] = {}
     for name in (CONFIG_FILE, WEIGHTS_FILE, REFERENCE_FILE):
         try:
@@ -921,16 +949,34 @@ def _read_saved(
             "(retrain the model with this version)",
             field="model",
         )
-    missing = [key for key in ("model_config", "train_config") if key not in meta]
+    missing = [k for k in ("model_config", "train_config") if not isinstance(meta.get(k), dict)]
     if missing:
-        raise ModelFileError(f"{path / CONFIG_FILE}: no {missing[0]!r} entry", field="model")
+        raise ModelFileError(
+            f"{path / CONFIG_FILE}: no {missing[0]!r} mapping (got {meta.get(missing[0])!r}); "
+            "the file is damaged",
+            field="model",
+        )
+    try:
+        readable = isinstance(meta.get("freq"), str) and parse_freq(meta["freq"]) is not None
+    except FrequencyInferenceError:
+        readable = False
+    if not readable:
+        raise ModelFileError(
+            f"{path / CONFIG_FILE}: 'freq' is {meta.get('freq')!r}, expected the pandas "
+            "offset alias fit saved; the file is damaged",
+            field="model",
+        )
     for name, expected in (meta.get("sha256") or {}).items():
         data = found.get(name)
         if data is None or hashlib.sha256(data).hexdigest() != expected:
-            what = "is missing" if data is None else "does not match the checksum in"
+            what = (
+                f"is missing though {CONFIG_FILE} lists it"
+                if data is None
+                else f"does not match the checksum in {CONFIG_FILE}"
+            )
             raise ModelFileError(
-                f"{path / name}: {what} {CONFIG_FILE} (the file is damaged, or from another "
-                "save: one interrupted between its renames); save the model again",
+                f"{path / name}: {what} (the file is damaged, or from another save: one "
+                "interrupted between its renames); save the model again",
                 field="model",
             )
     try:

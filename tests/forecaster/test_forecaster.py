@@ -18,6 +18,7 @@ from forecaster.data import load_frame
 from forecaster.errors import (
     AmbiguousSeriesIdsError,
     HorizonTooLongError,
+    InvalidConfigError,
     InvalidTimestampsError,
     IrregularTimestampsError,
     MissingCovariatesError,
@@ -154,6 +155,12 @@ def _damage(directory: Path, how: str, other: Path) -> str:
     if how == "no_reference":
         (directory / "reference.json").unlink()
         return f"{directory / 'reference.json'}: is missing"
+    if how in ("null_model_config", "null_freq"):  # a TypeError, an AttributeError before
+        meta = json.loads(config.read_text())
+        key = how.removeprefix("null_")
+        meta[key] = None
+        config.write_text(json.dumps(meta))
+        return f"{config}: 'freq' is None" if key == "freq" else f"{config}: no 'model_config'"
     assert how == "cut_weights_saved_before_checksums"
     meta = json.loads(config.read_text())
     del meta["sha256"]
@@ -171,6 +178,8 @@ def _damage(directory: Path, how: str, other: Path) -> str:
         "weights_of_another_save",
         "no_reference",
         "cut_weights_saved_before_checksums",
+        "null_model_config",
+        "null_freq",
     ],
 )
 def test_a_damaged_model_directory_is_refused_naming_the_file(fitted, series, tmp_path, how):
@@ -184,6 +193,34 @@ def test_a_damaged_model_directory_is_refused_naming_the_file(fitted, series, tm
     with pytest.raises(ModelFileError) as error:
         Forecaster.load(tmp_path / "model")
     assert needle in str(error.value)
+
+
+def test_a_file_is_not_a_model_directory(fitted, tmp_path):
+    fitted.save(tmp_path / "model")
+    with pytest.raises(ModelFileError, match="config.json: a file; expected a directory"):
+        Forecaster.load(tmp_path / "model" / "config.json")  # a NotADirectoryError before
+
+
+def test_only_the_forecaster_that_trained_gives_its_refit_config(fitted, tmp_path):
+    """A loaded model returned a config that trained the linear start alone, uncalibrated."""
+    assert fitted.refit_config().interval_scale == fitted.train_result.interval_scale
+    fitted.save(tmp_path / "model")
+    with pytest.raises(RuntimeError, match="refit_config needs the path this Forecaster"):
+        Forecaster.load(tmp_path / "model").refit_config()
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        ((TrainConfig(), ModelConfig()), "model_config: expected a ModelConfig"),  # swapped
+        (({"context_length": 48},), "model_config: expected a ModelConfig .* got dict"),
+        ((ModelConfig(), {"max_epochs": 1}), "train_config: expected a TrainConfig .* got dict"),
+    ],
+)
+def test_a_config_of_the_wrong_kind_is_named(args, named):
+    """They failed later with "'dict' object has no attribute 'covariates'"."""
+    with pytest.raises(InvalidConfigError, match=named):
+        Forecaster(*args)
 
 
 def test_an_interrupted_save_leaves_the_model_saved_before(fitted, series, tmp_path, monkeypatch):

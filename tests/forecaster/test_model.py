@@ -570,6 +570,10 @@ def test_a_frequency_mask_share_outside_0_1_is_refused(field):
 def test_one_interval_scale_stands_for_every_band_of_history():
     assert TrainConfig(interval_scale=1.5).interval_scale == (1.5,) * N_HISTORY_BANDS
     assert TrainConfig(interval_scale=[1, 2, 3, 4, 5, 6]).interval_scale == (1, 2, 3, 4, 5, 6)
+    # A list, as JSON gives it, is taken for impute_padding too (it was refused as not "6 of
+    # them" with six of them).
+    choice = [True, False, True, False, True, False]
+    assert TrainConfig(impute_padding=choice).impute_padding == tuple(choice)
 
 
 def test_history_band_counts_steps_since_the_first_observation():

@@ -39,6 +39,7 @@ from forecaster.config import (
     config_to_dict,
 )
 from forecaster.errors import (
+    ForecasterInputError,
     FrequencyInferenceError,
     HorizonTooLongError,
     InvalidConfigError,
@@ -257,13 +258,19 @@ class Forecaster:
         if self.train_config.replay_lr_factors is not None:
             train_set, val = WindowSet(panel, panel.window_origins(h)), None
         elif val_df is not None:
-            validated_val = validate_long_frame(
-                _observed_series(_frame(val_df)),
-                covariates=mc.covariates,
-                freq=freq,
-                allow_missing=True,
-                wall_clock=train.wall_clock,
-            ).in_id_order()
+            try:
+                given = val_df if not isinstance(val_df, Mapping) else _frame(val_df)
+                validated_val = validate_long_frame(
+                    _observed_series(given) if isinstance(given, pd.DataFrame) else given,
+                    covariates=mc.covariates,
+                    freq=freq,
+                    allow_missing=True,
+                    wall_clock=train.wall_clock,
+                ).in_id_order()
+            except ForecasterInputError as exc:  # the training frame may hold the same ids
+                raise type(exc)(
+                    f"val_df: {exc.message}", series_id=exc.series_id, field=exc.field
+                ) from None
             val_panel = SeriesPanel.from_validated(
                 validated_val, mc, self._glitches(validated_val, mc) if masked else None
             )

@@ -17,6 +17,8 @@ from forecaster.config import N_HISTORY_BANDS
 from forecaster.data import load_frame
 from forecaster.errors import (
     AmbiguousSeriesIdsError,
+    DuplicateTimestampsError,
+    ForecasterInputError,
     HorizonTooLongError,
     InvalidConfigError,
     InvalidTimestampsError,
@@ -455,6 +457,18 @@ def test_a_val_df_without_a_window_is_named(series):
     with pytest.raises(SeriesTooShortError, match="val_df gives no validation window") as error:
         model.fit(series, val_df=last)
     assert error.value.field == "val_df"
+
+
+def test_bad_rows_in_val_df_are_named_as_val_df_s(series):
+    """Both frames hold the same series: an error naming only the series and the row did
+    not say which frame to fix. A val_df that is no frame at all was a raw ValueError."""
+    val = series.groupby("unique_id").tail(20).reset_index(drop=True)
+    val.loc[5, "ds"] = val.loc[4, "ds"]
+    model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN))
+    with pytest.raises(DuplicateTimestampsError, match=r"^val_df: series 'series_000'"):
+        model.fit(series, val_df=val)
+    with pytest.raises(ForecasterInputError, match="^val_df: .*expected a pandas DataFrame"):
+        model.fit(series, val_df=val.to_numpy())
 
 
 def test_forecast_keeps_the_callers_id_dtype_and_time_zone(fitted, series):

@@ -61,6 +61,19 @@ TRACKING_SCHEMES = (
 )
 
 
+def tracking_uri_problem(value: str | None) -> str | None:
+    """What is wrong with a tracking URI, or None: MLflow refuses a scheme it has no store
+    for only when the store is first opened (after the data is read, or never, in a service
+    that then waits for a registry that cannot be)."""
+    scheme = urlparse(value or "").scheme.split("+")[0]
+    if value and len(scheme) > 1 and scheme not in TRACKING_SCHEMES:
+        return (
+            f"expected a path or a URI of an MLflow store ({', '.join(TRACKING_SCHEMES)}), "
+            f"got {value!r}"
+        )
+    return None
+
+
 def cron_problem(expression: str) -> str | None:
     """What is wrong with a cron `expression` for the scheduler, or None: it must parse and
     fire at some date ("0 0 31 2 *", 31 February, parses and never does)."""
@@ -221,13 +234,9 @@ class PipelineSettings(BaseSettings):
     @field_validator("tracking_uri")
     @classmethod
     def _known_store(cls, value: str | None) -> str | None:
-        # MLflow refuses another scheme only when the first step opens the store.
-        scheme = urlparse(value or "").scheme.split("+")[0]
-        if value and len(scheme) > 1 and scheme not in TRACKING_SCHEMES:
-            raise ValueError(
-                f"expected a path or a URI of an MLflow store ({', '.join(TRACKING_SCHEMES)}), "
-                f"got {value!r}"
-            )
+        problem = tracking_uri_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value
 
     @field_validator("experiment")

@@ -37,8 +37,10 @@ logger = logging.getLogger("service")
 
 API_VERSION = "1.0.0"
 GIL_SWITCH_INTERVAL_S = 0.0005
-# How long startup waits for the first registry check before serving (not ready) anyway.
-STARTUP_CHECK_S = 60.0
+# How long startup waits for the first registry check before serving (not ready) anyway:
+# the port stays closed meanwhile, so a registry that hangs kept /healthz unanswered for a
+# minute, long enough for an orchestrator's liveness probe to restart the service.
+STARTUP_CHECK_S = 10.0
 
 
 @contextlib.asynccontextmanager

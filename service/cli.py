@@ -40,7 +40,7 @@ def _serve(args: argparse.Namespace) -> int:
         settings = ServiceSettings(**overrides)
     except ValidationError as exc:
         for err in exc.errors():
-            field = ".".join(str(p) for p in err["loc"]) or "settings"
+            field = _variable_set(".".join(str(p) for p in err["loc"])) or "settings"
             print(f"forecaster serve: invalid setting {field}: {err['msg']}", file=sys.stderr)
         return 2
     # Worker processes rebuild the settings from the environment, so the overrides travel there.
@@ -57,6 +57,16 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=int(settings.request_timeout_s) + 1,
     )
     return 0
+
+
+def _variable_set(name: str) -> str:
+    """The environment variable the operator set, where pydantic names a setting that takes
+    several by the first of them (FORECASTER_SERVICE_DEVICE for FORECASTER_DEVICE=bogus)."""
+    for field in ServiceSettings.model_fields.values():
+        choices = getattr(field.validation_alias, "choices", None) or []
+        if name in choices:
+            return next((c for c in choices if isinstance(c, str) and c in os.environ), name)
+    return name
 
 
 def _prepare_multiprocess_metrics(root: Path) -> None:

@@ -13,6 +13,8 @@ from typing import Annotated
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from pipelines.settings import tracking_uri_problem
+
 ENV_PREFIX = "FORECASTER_SERVICE_"
 DEFAULT_MODEL_URI = "models:/forecaster@champion"
 
@@ -86,7 +88,8 @@ class ServiceSettings(BaseSettings):
     batch_partition_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     # A running job whose worker has not reported for this long is taken over by another.
     job_lease_s: float = Field(60.0, gt=0)
-    # Finished jobs (and their files) are deleted this long after they ended; None keeps them.
+    # Finished jobs (and their files) are deleted this long after they ended; None ("none" in
+    # the environment) keeps them.
     job_ttl_hours: float | None = Field(168.0, gt=0)
     # The batch-job database: None is SQLite at <data_dir>/jobs.db, for one host. Replicas share
     # jobs through PostgreSQL (postgresql+psycopg://USER:PASSWORD@HOST:PORT/DB) plus a data_dir
@@ -150,6 +153,20 @@ class ServiceSettings(BaseSettings):
         if not value.strip():
             raise ValueError("expected an address to listen on, such as 127.0.0.1 or 0.0.0.0")
         return value.strip()
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _known_store(cls, value: str | None) -> str | None:
+        problem = tracking_uri_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("job_ttl_hours", mode="before")
+    @classmethod
+    def _none_keeps_jobs(cls, value: object) -> object:
+        # The environment has no None: an empty value is the default (env_ignore_empty).
+        return None if isinstance(value, str) and value.strip().lower() == "none" else value
 
     @field_validator("device")
     @classmethod

@@ -47,4 +47,10 @@ async def reload_model(
             "message": "the registry check is running; GET /v1/models shows the result",
             "models": manager.state(),
         }
-    return {"outcome": outcome.outcome, "message": outcome.message, "models": manager.state()}
+    message = outcome.message
+    if settings.workers > 1:  # each worker process holds its own model
+        message += (
+            f"; in this worker: the other {settings.workers - 1} pick it up at their next "
+            f"registry check (within poll_interval_s, {settings.poll_interval_s:g} s)"
+        )
+    return {"outcome": outcome.outcome, "message": message, "models": manager.state()}

@@ -202,6 +202,8 @@ def test_invocations_count_reading_the_frame_against_the_timeout(make_client, hi
         ("request_timeout_s", float("inf"), "finite number"),  # once crashed the CLI
         ("host", " ", "an address to listen on"),
         ("forecast_log_dir", "/proc/forecast_log", "forecast_log_dir: cannot create"),
+        # Accepted, and the service then waited for ever for a registry it could not open.
+        ("tracking_uri", "bogus://x", "expected a path or a URI of an MLflow store"),
     ],
 )
 def test_settings_fail_fast(tmp_path, setting, value, needle):
@@ -222,6 +224,27 @@ def test_an_empty_environment_variable_means_the_default(tmp_path, monkeypatch):
     monkeypatch.setenv("FORECASTER_SERVICE_REQUEST_TIMEOUT_S", "")
     settings = ServiceSettings(data_dir=tmp_path)
     assert (settings.host, settings.request_timeout_s) == ("127.0.0.1", 30.0)
+
+
+def test_job_retention_can_be_switched_off_from_the_environment(tmp_path, monkeypatch):
+    """job_ttl_hours None keeps finished jobs, but no variable could say None."""
+    from service.settings import ServiceSettings
+
+    monkeypatch.setenv("FORECASTER_SERVICE_JOB_TTL_HOURS", "none")
+    assert ServiceSettings(data_dir=tmp_path).job_ttl_hours is None
+
+
+def test_a_bad_shared_device_variable_is_named_as_set(tmp_path, monkeypatch, capsys):
+    """FORECASTER_DEVICE=bogus was reported as FORECASTER_SERVICE_DEVICE, a variable the
+    operator never set."""
+    from service.cli import main
+
+    monkeypatch.setenv("FORECASTER_DEVICE", "bogus")
+    monkeypatch.setenv("FORECASTER_SERVICE_DATA_DIR", str(tmp_path))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve"])
+    assert exit_info.value.code == 2
+    assert "invalid setting FORECASTER_DEVICE:" in capsys.readouterr().err
 
 
 def test_settings_from_environment(tmp_path, monkeypatch):

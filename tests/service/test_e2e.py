@@ -154,10 +154,11 @@ def test_metrics_are_summed_across_workers(tmp_path, registry, fitted, training_
     registry.register(fitted, training_frame)
     port = free_port()
     service = start_service(tmp_path, port, registry.tracking_uri, run=1, workers=2)
-    files = tmp_path / "service-data" / "prometheus"
+    # One directory of this server's own (<host>-<pid>): replicas share the data directory.
+    servers = tmp_path / "service-data" / "prometheus"
 
     def workers_with(kind: str) -> int:
-        return len({f.stem.rsplit("_", 1)[-1] for f in files.glob(f"{kind}_*.db")})
+        return len({f.stem.rsplit("_", 1)[-1] for f in servers.glob(f"*/{kind}_*.db")})
 
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=HEADERS, timeout=30) as http:
@@ -181,6 +182,7 @@ def test_metrics_are_summed_across_workers(tmp_path, registry, fitted, training_
                     assert set(pool.map(forecast, range(40))) == {200}
                     sent += 40
             assert workers_with("counter") == 2, "both workers answered requests"
+            assert len(list(servers.iterdir())) == 1
             line = 'forecaster_http_requests_total{method="POST",route="/v1/forecast",status="200"}'
             for _ in range(4):  # whichever worker answers the scrape reports the same sum
                 text = http.get("/metrics").text

@@ -306,7 +306,10 @@ class Forecaster:
         self.model_config, self.freq, self.model, self._compiled = mc, freq, model, None
         self._fitted_wall_clock = train.wall_clock
         self.train_result = dataclasses.replace(result, n_glitches=int(glitches.sum()))
-        self.training_glitches = _rows_frame(train, glitches)
+        # In the caller's types, so that they merge back onto `df` (integer ids, a zone).
+        self.training_glitches = in_callers_types(
+            _rows_frame(train, glitches), _frame(df), bool(train.wall_clock)
+        )
         self.device = next(self.model.parameters()).device
         return self
 

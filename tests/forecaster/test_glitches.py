@@ -295,6 +295,16 @@ def test_fit_names_the_glitches_of_whole_histories_and_trains_on_them(series):
     unread = Forecaster(model, no_rule).fit(glitched)
     assert unread.training_glitches.empty and unread.train_result.n_glitches == 0
     assert missing.training_glitches.empty
+    # Integer ids and Berlin times: named as given, so that they merge back onto the frame
+    # (they came as text ids and naive UTC times).
+    codes = {sid: k for k, sid in enumerate(series["unique_id"].unique())}
+    typed = glitched.assign(
+        unique_id=glitched["unique_id"].map(codes).astype("int64"),
+        ds=glitched["ds"].dt.tz_localize("Europe/Berlin"),
+    )
+    named = Forecaster(model, train).fit(typed).training_glitches
+    found = typed.merge(named, on=["unique_id", "ds"])
+    assert len(found) == 1 and found["y"].iloc[0] == 10 * level
 
 
 def test_masked_training_leaves_a_glitch_out_as_a_missing_reading(series):

@@ -25,6 +25,7 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from forecaster.outputs import ForecastArrays
@@ -225,6 +226,25 @@ class MetricsMiddleware:
     def __init__(self, app: ASGIApp, metrics: ServiceMetrics):
         self.app = app
         self.metrics = metrics
+        # (path regex, template) of the documented routes, read from the OpenAPI document
+        # at the first request a middleware answers before routing.
+        self._templates: list[tuple[re.Pattern[str], str]] | None = None
+
+    def _route_template(self, scope: Scope) -> str:
+        """The template of the route a request is for: the one routing chose, or for one a
+        middleware answered before routing (401 without a key, 413 for a body too large) the
+        one its path matches; "unmatched" for paths no route has."""
+        route: Any = scope.get("route")
+        if route is not None:
+            return getattr(route, "path", None) or "unmatched"
+        if self._templates is None:
+            app: Any = scope.get("app")
+            paths = app.openapi()["paths"] if app is not None else {}
+            self._templates = [(compile_path(path)[0], path) for path in paths]
+        path = scope.get("path", "")
+        return next(
+            (template for regex, template in self._templates if regex.match(path)), "unmatched"
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -242,8 +262,7 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            route: Any = scope.get("route")
-            label = getattr(route, "path", None) or "unmatched"
+            label = self._route_template(scope)
             method = scope.get("method", "")
             elapsed = time.perf_counter() - start
             self.metrics.requests.labels(label, method, str(status)).inc()

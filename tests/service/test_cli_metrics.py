@@ -65,6 +65,21 @@ def test_metrics_by_route_and_status(client, payload):
     assert "forecaster_model_version 3.0" in text
 
 
+def test_requests_a_middleware_refuses_are_counted_by_their_route(make_client, payload):
+    """401 without a key and 413 for a body too large were counted as route="unmatched",
+    like scans of paths that do not exist."""
+    key = "k" * 20
+    client = make_client(api_keys=key, max_body_bytes=4096)
+    client.post("/v1/forecast", json={"series": [payload("series_000")]})  # no key
+    big = {"series": [payload("series_000")] * 40}
+    client.post("/v1/forecast", json=big, headers={"X-API-Key": key})
+    client.get("/no/such/path", headers={"X-API-Key": key})
+    text = client.get("/metrics", headers={"X-API-Key": key}).text
+    assert 'method="POST",route="/v1/forecast",status="401"' in text
+    assert 'method="POST",route="/v1/forecast",status="413"' in text
+    assert 'method="GET",route="unmatched",status="404"' in text
+
+
 def test_a_worker_killed_outright_leaves_no_live_gauges_behind(tmp_path, monkeypatch):
     """--workers N: a worker that dies without its shutdown (OOM, SIGKILL) once kept
     reporting its model beside its replacement's in every scrape."""

@@ -19,14 +19,21 @@ import typing
 from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 from croniter import CroniterBadDateError, croniter
 from dotenv import dotenv_values
-from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -61,17 +68,21 @@ TRACKING_SCHEMES = (
 )
 
 
-def tracking_uri_problem(value: str | None) -> str | None:
-    """What is wrong with a tracking URI, or None: MLflow refuses a scheme it has no store
-    for only when the store is first opened (after the data is read, or never, in a service
-    that then waits for a registry that cannot be)."""
+def _known_store(value: str | None) -> str | None:
+    """A tracking URI of a store MLflow has: it refuses another scheme only when the store is
+    first opened (after the data is read, or never, in a service that then waits for a
+    registry that cannot be)."""
     scheme = urlparse(value or "").scheme.split("+")[0]
     if value and len(scheme) > 1 and scheme not in TRACKING_SCHEMES:
-        return (
+        raise ValueError(
             f"expected a path or a URI of an MLflow store ({', '.join(TRACKING_SCHEMES)}), "
             f"got {value!r}"
         )
-    return None
+    return value
+
+
+# The tracking URI setting of both deployables (this one and the service's).
+TrackingUri = Annotated[str | None, AfterValidator(_known_store)]
 
 
 def cron_problem(expression: str) -> str | None:
@@ -137,7 +148,7 @@ class PipelineSettings(BaseSettings):
 
     # -- MLflow ---------------------------------------------------------------------------
     # Tracking store and registry; None falls back to MLFLOW_TRACKING_URI, then SQLite.
-    tracking_uri: str | None = None
+    tracking_uri: TrackingUri = None
     # Artifact root of experiments created on a local store; None means ./mlartifacts.
     artifact_location: str | None = None
     experiment: str = "forecaster"
@@ -229,14 +240,6 @@ class PipelineSettings(BaseSettings):
                 raise ValueError(
                     f"expected an IANA time zone such as 'Europe/Berlin' or 'UTC', got {value!r}"
                 ) from None
-        return value
-
-    @field_validator("tracking_uri")
-    @classmethod
-    def _known_store(cls, value: str | None) -> str | None:
-        problem = tracking_uri_problem(value)
-        if problem:
-            raise ValueError(problem)
         return value
 
     @field_validator("experiment")

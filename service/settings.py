@@ -13,7 +13,7 @@ from typing import Annotated
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from pipelines.settings import tracking_uri_problem
+from pipelines.settings import TrackingUri
 
 ENV_PREFIX = "FORECASTER_SERVICE_"
 DEFAULT_MODEL_URI = "models:/forecaster@champion"
@@ -44,7 +44,7 @@ class ServiceSettings(BaseSettings):
     # Registry URI of the model to serve; the alias is polled and followed.
     model_uri: str = DEFAULT_MODEL_URI
     # MLflow tracking/registry URI; None means MLflow's own resolution (MLFLOW_TRACKING_URI).
-    tracking_uri: str | None = None
+    tracking_uri: TrackingUri = None
     # torch device for inference ("cpu", "cuda", "cuda:1"); None picks cuda when present.
     # FORECASTER_DEVICE is read too: the registered pyfunc model honours the same variable.
     device: str | None = Field(
@@ -153,14 +153,6 @@ class ServiceSettings(BaseSettings):
         if not value.strip():
             raise ValueError("expected an address to listen on, such as 127.0.0.1 or 0.0.0.0")
         return value.strip()
-
-    @field_validator("tracking_uri")
-    @classmethod
-    def _known_store(cls, value: str | None) -> str | None:
-        problem = tracking_uri_problem(value)
-        if problem:
-            raise ValueError(problem)
-        return value
 
     @field_validator("job_ttl_hours", mode="before")
     @classmethod

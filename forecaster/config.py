@@ -28,6 +28,8 @@ LossUnit = Literal["rms", "std"]
 LOSS_UNITS = ("rms", "std")
 NaiveBlend = Literal["gates", "softmax"]
 NAIVE_BLENDS = ("gates", "softmax")
+BandUnit = Literal["level", "std"]
+BAND_UNITS = ("level", "std")
 
 
 def _check(condition: bool, name: str, expected: str, actual: object) -> None:
@@ -172,6 +174,12 @@ class ModelConfig:
     horizon_weight_decay: float = 0.5
     # Weight of the pinball loss on the quantile head relative to the point loss.
     quantile_loss_weight: float = 0.5
+    # The unit the quantile head learns its offsets in where a window has observed fewer
+    # steps than one season: "level", the magnitude of the window's mean where that exceeds
+    # its std, which a few steps of a cycle understate (a catalogue of 30-point hourly series
+    # got bands 14 times its history's std wide: InstanceScaler.statistics); "std", the
+    # scaler's unit as everywhere else (models saved before the field existed).
+    short_history_band_unit: BandUnit = "level"
     # Start from a ridge-fitted linear map from the context to the horizon (DLinear's), which the
     # decoder reads as its draft and corrects. The ridge shrinks it towards the naive forecast
     # cross-validation prefers: the context's mean, its last value, its last season or its
@@ -258,6 +266,12 @@ class ModelConfig:
             self.naive_blend,
         )
         _check(self.loss_unit in LOSS_UNITS, "loss_unit", " or ".join(LOSS_UNITS), self.loss_unit)
+        _check(
+            self.short_history_band_unit in BAND_UNITS,
+            "short_history_band_unit",
+            " or ".join(BAND_UNITS),
+            self.short_history_band_unit,
+        )
         _check(
             self.horizon_weight_decay >= 0,
             "horizon_weight_decay",

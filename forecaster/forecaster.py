@@ -239,8 +239,9 @@ class Forecaster:
         the judged epochs).
 
         `val_df` holds each series' validation points preceded by up to context_length points
-        of history, as `forecaster.data.time_split` produces. Every series with at least
-        prediction_length + 1 points gives training windows; shorter ones are skipped.
+        of history, as `forecaster.data.time_split` produces. Every series with at least 2
+        points gives training windows (`SeriesPanel.training_origins`): a window's targets past
+        its series' end are unobserved; a series of 1 point is skipped.
         With `TrainConfig.replay_lr_factors` (a refit), every window of `df` trains and
         `val_df` is not used.
         """
@@ -256,7 +257,7 @@ class Forecaster:
         panel = SeriesPanel.from_validated(train, mc, glitches if masked else None)
         h = mc.prediction_length
         if self.train_config.replay_lr_factors is not None:
-            train_set, val = WindowSet(panel, panel.window_origins(h)), None
+            train_set, val = WindowSet(panel, panel.training_origins(h)), None
         elif val_df is not None:
             try:
                 given = val_df if not isinstance(val_df, Mapping) else _frame(val_df)
@@ -285,17 +286,12 @@ class Forecaster:
                     f"points, as forecaster.data.time_split makes them), the longest has {longest}",
                     field="val_df",
                 )
-            train_set = WindowSet(panel, panel.window_origins(h))
+            train_set = WindowSet(panel, panel.training_origins(h))
         else:
             train_set, val = _hold_out_tail(panel, h)
         held_out_tail = val_df is None and val is not None
-        if len(train_set.origins) == 0:
-            longest = int(np.diff(panel.offsets).max())
-            raise SeriesTooShortError(
-                f"no series is long enough to train on: expected at least prediction_length + 1 "
-                f"= {h + 1} points in some series, the longest has {longest}",
-                field="y",
-            )
+        # The frequency is read from a series of two points at least, which gives a window.
+        assert len(train_set.origins) > 0, "no training window"
         seed_everything(self.train_config.seed)
         model = PatchTransformer(mc)
         result = train_model(model, train_set, val, self.train_config, callbacks)
@@ -352,7 +348,7 @@ class Forecaster:
             interval_scale=judged.interval_scale,
             impute_padding=judged.impute_padding,
         )
-        windows = WindowSet(panel, panel.window_origins(model.config.prediction_length))
+        windows = WindowSet(panel, panel.training_origins(model.config.prediction_length))
         logger.info(
             "%d more epoch(s) on all %d windows, the validation tail's included",
             config.tail_epochs,
@@ -720,6 +716,7 @@ class Forecaster:
         train_values.setdefault("zero_glitch_ratio", None)  # before the zeros' test
         if "naive_head" in model_values:  # saved before its blend could be gates: softmax
             model_values.setdefault("naive_blend", "softmax")
+        model_values.setdefault("short_history_band_unit", "std")  # before the level unit
         try:
             forecaster = cls(
                 config_from_dict(ModelConfig, model_values),
@@ -1114,11 +1111,14 @@ def _hold_out_tail(panel: SeriesPanel, horizon: int) -> tuple[WindowSet, WindowS
     val_points = np.maximum(horizon, (lengths * AUTO_VALIDATION_FRACTION).astype(np.int64))
     can_split = lengths - val_points >= horizon + 1
     cutoff = np.where(can_split, panel.offsets[:-1] + lengths - val_points, panel.offsets[1:])
-    origins = panel.window_origins(horizon)
+    origins = panel.training_origins(horizon)
     series = panel.series_of(origins)
-    in_train = origins + horizon <= cutoff[series]
+    # A split series trains on the windows whose targets end by its cutoff (after it come
+    # the validation points); the others on every window, those running past their end too.
+    in_train = (origins + horizon <= cutoff[series]) | ~can_split[series]
     train = WindowSet(panel, origins[in_train])
-    val_origins = origins[(origins >= cutoff[series]) & can_split[series]]
+    complete = origins + horizon <= panel.offsets[series + 1]
+    val_origins = origins[(origins >= cutoff[series]) & can_split[series] & complete]
     if len(val_origins) > 0:
         return train, WindowSet(panel, val_origins)
     held = np.arange(len(lengths)) % round(1 / AUTO_VALIDATION_FRACTION) == 0  # (S,)

@@ -189,7 +189,9 @@ class PatchTransformer(nn.Module):
         super().__init__()
         self.config = c = config
         p, d = c.patch, c.d_model
-        self.scaler = InstanceScaler()
+        self.scaler = InstanceScaler(
+            (c.season_length or 1) if c.short_history_band_unit == "level" else 1
+        )
         # A patch is P values and their P observed flags: the model knows what is padding.
         self.patch_embedding = nn.Linear(2 * p, d)
         n_cov = c.n_covariates
@@ -377,6 +379,7 @@ class PatchTransformer(nn.Module):
             # (B, M, P * Q) -> (B, M * P, Q) -> (B, H, Q)
             offsets = offsets.reshape(batch, -1, len(c.quantiles))[:, :h]
             scale = self.interval_scale[history_band(past_observed_mask)]  # (B,)
+            scale = scale.to(stats.band_unit.dtype) * stats.band_unit.squeeze(-1)
             offsets = offsets * scale.to(offsets.dtype)[:, None, None]
             # Sorting keeps quantiles from crossing without constraining what the head learns.
             quantiles = (mean.detach().unsqueeze(-1) + offsets).sort(dim=-1).values

@@ -34,10 +34,21 @@ class InstanceStats:
 
     loc: torch.Tensor  # (B, 1)
     scale: torch.Tensor  # (B, 1), > 0
+    # (B, 1), >= 1: the unit the intervals' offsets are learned in, in multiples of `scale`
+    # (see InstanceScaler.statistics).
+    band_unit: torch.Tensor
 
 
 class InstanceScaler(nn.Module):
-    """Standardise each row by the mean and std of its observed values; no parameters."""
+    """Standardise each row by the mean and std of its observed values; no parameters.
+
+    `band_season`: a row that has observed fewer steps than this learns its intervals in its
+    level's magnitude where that exceeds its std (`InstanceStats.band_unit`); 1: never.
+    """
+
+    def __init__(self, band_season: int = 1):
+        super().__init__()
+        self.band_season = band_season
 
     def forward(
         self, values: torch.Tensor, observed: torch.Tensor, dtype: torch.dtype = torch.float32
@@ -53,14 +64,25 @@ class InstanceScaler(nn.Module):
         scale (docs/model-choices.md). An all-zero row (an intermittent series' quiet weeks)
         is scaled by 1, the unit its counts come in.
         """
-        stats = self.statistics(values, observed)
+        stats = self.statistics(values, observed, self.band_season)
         normalized = (values - stats.loc) / stats.scale
         normalized = torch.where(observed, normalized, torch.zeros_like(normalized))
         return normalized.to(dtype), stats
 
     @staticmethod
-    def statistics(values: torch.Tensor, observed: torch.Tensor) -> InstanceStats:
-        """Mean and std of the observed values of each row (B, L) -> (B, 1) each."""
+    def statistics(
+        values: torch.Tensor, observed: torch.Tensor, band_season: int = 1
+    ) -> InstanceStats:
+        """Mean and std of the observed values of each row (B, L) -> (B, 1) each.
+
+        The band unit is 1 (the std), except in a row that has observed fewer than
+        `band_season` steps and moved less than its level: there the level. A few steps of a
+        cycle understate how far it swings, and a short series trains on windows of one step
+        of history, then two, then three...: offsets learned in their std are huge, and a
+        forecast from a longer history reads them too. On 200 hourly series of 30 points
+        (L = 48, H = 12) the 0.1-0.9 band was 14 times the history's std wide and held 91 %
+        of the holdout; with this unit 4.6 times and 85 % (docs/model-choices.md).
+        """
         # Masked values may be anything (even NaN): select before any arithmetic on them.
         zeros = torch.zeros_like(values)
         count = observed.sum(dim=1, keepdim=True).to(values.dtype).clamp(min=1.0)
@@ -72,7 +94,11 @@ class InstanceScaler(nn.Module):
         fallback = torch.where(stood_still, level / count, level)
         fallback = torch.where(level > 0, fallback, torch.ones_like(level))
         degenerate = std <= constant_tolerance(values.dtype) * level
-        return InstanceStats(loc=loc, scale=torch.where(degenerate, fallback, std))
+        understated = (count < band_season) & ~degenerate & (level > std)
+        band_unit = torch.where(understated, level / torch.where(understated, std, 1.0), 1.0)
+        return InstanceStats(
+            loc=loc, scale=torch.where(degenerate, fallback, std), band_unit=band_unit
+        )
 
     @staticmethod
     def denormalize(y: torch.Tensor, stats: InstanceStats) -> torch.Tensor:

@@ -256,14 +256,21 @@ def fit_linear_start(
     mc = model.config
     assert model.linear_start is not None, "config.linear_start is off"
     panel = train.panel
-    series = panel.series_of(train.origins)
-    full = train.origins - panel.offsets[series] >= mc.context_length
+    origins = train.origins
+    series = panel.series_of(origins)
+    n_series = len(np.unique(series))
+    # Windows with every target inside their series where there are any: the closed form
+    # would read a target past the series' end as 0, the window's mean.
+    complete = origins + mc.prediction_length <= panel.offsets[series + 1]
+    if complete.any():
+        origins, series = origins[complete], series[complete]
+    full = origins - panel.offsets[series] >= mc.context_length
     # Full-context windows, unless they come from a minority of the series: a map fitted on a
     # few long series' windows does not carry over to the many short ones.
-    if 2 * len(np.unique(series[full])) >= len(np.unique(series)):
-        origins = evenly_spaced(train.origins[full], LINEAR_START_WINDOWS)
+    if 2 * len(np.unique(series[full])) >= n_series:
+        origins = evenly_spaced(origins[full], LINEAR_START_WINDOWS)
     else:
-        origins = evenly_spaced(train.origins, LINEAR_START_WINDOWS)
+        origins = evenly_spaced(origins, LINEAR_START_WINDOWS)
     batch = gather_windows(panel, origins, mc.context_length, mc.prediction_length).to(device)
     x, stats = model.scaler(batch.past_values, batch.past_observed_mask, torch.float64)
     model.padding_factor.copy_(torch.eye(mc.context_length + 1))  # the padding read as 0
@@ -311,7 +318,8 @@ def fit_linear_start(
     padding_factor = torch.linalg.cholesky(shrunk[order][:, order])
     if model.quantile_head is not None:
         # Start the intervals at the linear fit's residual quantiles, not at zero width.
-        residuals = (target - design @ solution)[observed]
+        # In the unit the head's offsets are read in (InstanceStats.band_unit).
+        residuals = ((target - design @ solution) / stats.band_unit)[observed]
         residuals = residuals[torch.randperm(len(residuals), device=device)[:1_000_000]]
         levels = torch.tensor(mc.quantiles, dtype=torch.float64, device=device)
         offsets = torch.quantile(residuals, levels)  # (Q,)
@@ -467,8 +475,7 @@ def train_model(
     mc: ModelConfig = model.config
     if len(train.origins) == 0:
         raise ValueError(
-            f"no training window: every series is shorter than prediction_length + 1 = "
-            f"{mc.prediction_length + 1} observed steps"
+            "no training window: expected a series with a step of history and a target after it"
         )
     val_origins = np.empty(0, np.int64) if val is None else val.origins
     val_origins = evenly_spaced(val_origins, config.max_val_windows)

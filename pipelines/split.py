@@ -5,8 +5,9 @@ Per series of n points (H the horizon, L the context length):
     [ train ............ | val (val_length) | test (backtest_windows * H) ]
 
 ``val`` and ``test`` are handed out with up to L points of history in front, as the
-Forecaster reads them. A series needs H + 1 training points (one training window; shorter
-contexts are padded), plus its validation and test points. The backtest scores ``backtest_windows`` consecutive horizons of ``test``; the last of
+Forecaster reads them. A series needs 2 training points (one training window: a step of
+history, then a target; shorter contexts are padded and a horizon past the training part's
+end is unobserved), plus its validation and test points. The backtest scores ``backtest_windows`` consecutive horizons of ``test``; the last of
 them is the holdout window on which promotion compares challenger and champion. The model
 never trains on ``test``.
 """
@@ -36,8 +37,9 @@ class SplitPlan:
 
     @property
     def min_train_length(self) -> int:
-        """Training points a series needs: one window of H targets after one point."""
-        return self.horizon + 1
+        """Training points a series needs: one point of history and one target after it
+        (`forecaster.windows.SeriesPanel.training_origins`)."""
+        return 2
 
     @property
     def min_series_length(self) -> int:

@@ -19,6 +19,7 @@ from forecaster.errors import (
     AmbiguousSeriesIdsError,
     DuplicateTimestampsError,
     ForecasterInputError,
+    FrequencyInferenceError,
     HorizonTooLongError,
     InvalidConfigError,
     InvalidTimestampsError,
@@ -421,6 +422,24 @@ def test_a_model_saved_with_the_softmax_naive_head_loads_and_forecasts_as_before
     older = Forecaster.load(tmp_path / "model")  # replays the saved reference forecast
     assert older.model_config.naive_blend == "softmax"
     pd.testing.assert_frame_equal(older.predict(series), model.predict(series), check_exact=True)
+
+
+def test_a_model_saved_before_the_level_band_unit_loads_and_forecasts_as_before(series, tmp_path):
+    """Its config has no `short_history_band_unit`: it learned its bands in the std, and a
+    history shorter than a season (10 hourly points) keeps the band it had."""
+    config = ModelConfig(**{**TINY_MODEL, "short_history_band_unit": "std"})
+    model = Forecaster(config, TrainConfig(**TINY_TRAIN)).fit(series)
+    model.save(tmp_path / "model")
+    meta_file = tmp_path / "model" / "config.json"
+    meta = json.loads(meta_file.read_text())
+    del meta["model_config"]["short_history_band_unit"]
+    meta_file.write_text(json.dumps(meta))
+    reseal(tmp_path / "model")
+    older = Forecaster.load(tmp_path / "model")
+    assert older.model_config.short_history_band_unit == "std"
+    short = series.groupby("unique_id").head(10)
+    expected = model.predict(short)
+    pd.testing.assert_frame_equal(older.predict(short), expected, check_exact=True)
 
 
 def test_a_config_of_numpy_numbers_trains_saves_and_loads(series, tmp_path):
@@ -833,8 +852,15 @@ def test_fit_trains_on_short_series_and_refuses_only_when_none_is_long_enough(se
     # Every series shorter than the context: windows are left-padded.
     model.fit(series.groupby("unique_id").head(20))
     assert model.train_result.n_train_windows > 0
-    with pytest.raises(SeriesTooShortError, match="prediction_length \\+ 1 = 9 points"):
-        model.fit(series.groupby("unique_id").head(8))
+    # Shorter than a horizon (8): each window's targets past the series' end are unobserved,
+    # so 5 points give 4 windows a series (one step of history and one target at least).
+    n_series = series["unique_id"].nunique()
+    model.fit(series.groupby("unique_id").head(5))
+    assert model.train_result.n_train_windows + model.train_result.n_val_windows == 4 * n_series
+    forecast = model.predict(series.groupby("unique_id").head(5))
+    assert np.isfinite(forecast["mean"]).all()
+    with pytest.raises(FrequencyInferenceError, match="every series has a single timestamp"):
+        model.fit(series.groupby("unique_id").head(1))
 
 
 def test_catalogue_too_short_to_hold_out_a_horizon_validates_on_held_out_series(series):
@@ -852,10 +878,32 @@ def test_catalogue_too_short_to_hold_out_a_horizon_validates_on_held_out_series(
     model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN)).fit(catalogue)
     result = model.train_result
     assert result.initial_val_loss is not None and result.best_val_loss is not None
-    # Series 0, 7 and 14 validate, each with its 4 windows; the other 13 train.
-    assert (result.n_val_windows, result.n_train_windows) == (3 * 4, 13 * 4)
+    # Series 0, 7 and 14 validate, each with its 11 windows (4 with a whole horizon, 7 whose
+    # horizon runs past its end); the other 13 train on theirs.
+    assert (result.n_val_windows, result.n_train_windows) == (3 * 11, 13 * 11)
     forecast = model.predict(catalogue)
     assert forecast["unique_id"].nunique() == 16 and np.isfinite(forecast["mean"]).all()
+
+
+def test_a_catalogue_of_short_series_is_forecast_from_more_history_than_a_horizon_leaves():
+    """100 hourly series of 18 points, forecast 12 steps: a window with a whole horizon of
+    targets has at most 6 steps of history, the forecast reads 18. Windows whose horizon runs
+    past the series' end train on the longer histories (without them: MAE 6.92, worse than
+    the history's mean), and the band is learned in the level, not in the std of a few steps
+    of the daily cycle (in the std: 9.8 times the history's std wide)."""
+    data = generate_synthetic(n_series=100, n_steps=30, seed=1)
+    history, actual = data.groupby("unique_id").head(18), data.groupby("unique_id").tail(12)
+    config = ModelConfig(
+        context_length=48, prediction_length=12, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1
+    )
+    train = TrainConfig(max_epochs=10, max_windows_per_epoch=8192, progress=False, device="cpu")
+    forecast = Forecaster(config, train).fit(history).predict(history)
+    scored = forecast.merge(actual, on=["unique_id", "ds"])
+    by_series = history.groupby("unique_id")["y"]
+    history_mean = scored["unique_id"].map(by_series.mean())
+    assert (scored["mean"] - scored["y"]).abs().mean() < (history_mean - scored["y"]).abs().mean()
+    width = (scored["q0.9"] - scored["q0.1"]) / scored["unique_id"].map(by_series.std())
+    assert width.mean() < 8
 
 
 def test_known_future_covariate_is_required_and_used():

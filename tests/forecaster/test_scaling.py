@@ -71,3 +71,24 @@ def test_a_series_that_stood_still_forecasts_flat_with_a_narrow_band(fitted, ser
     assert (stuck["q0.1"] <= stuck["q0.9"]).all()
     moving = forecast[forecast["unique_id"] != "stuck"]
     assert (moving["q0.9"] - moving["q0.1"]).min() > 0  # the others keep their bands
+
+
+@pytest.mark.parametrize(
+    ("values", "observed", "band_season", "unit"),
+    [
+        # Three steps of a cycle of 24 at level 100: its std (0.816) understates its swing.
+        ([99.0, 100.0, 101.0], [True] * 3, 24, 100.0 / (2 / 3) ** 0.5),
+        ([99.0, 100.0, 101.0], [True] * 3, 3, 1.0),  # a whole season observed: the std
+        ([99.0, 100.0, 101.0], [True] * 3, 1, 1.0),  # no season
+        ([0.0, 0.0, 0.0, -1.0, 0.0, 1.0], [False] * 3 + [True] * 3, 24, 1.0),  # level 0 < std
+        ([7.0, 7.0, 0.0], [True, True, False], 24, 1.0),  # no spread: scaled by its level
+    ],
+)
+def test_a_window_shorter_than_a_season_learns_its_band_in_its_level(
+    values, observed, band_season, unit
+):
+    stats = InstanceScaler.statistics(
+        torch.tensor([values], dtype=torch.float64), torch.tensor([observed]), band_season
+    )
+    assert float(stats.band_unit) == pytest.approx(unit)
+    assert float(stats.band_unit * stats.scale) >= float(stats.scale)

@@ -4,7 +4,9 @@ import numpy as np
 import torch
 
 from forecaster.windows import (
+    SeriesPanel,
     WindowBatch,
+    gather_windows,
     series_scales,
     with_frequency_masking,
     with_outages,
@@ -131,3 +133,25 @@ def test_series_scales_count_errors_relative_to_the_level_or_to_the_spread():
     # RMS: the level where there is one (sqrt(100^2 + 1)), the spread where the mean is 0.
     np.testing.assert_allclose(series_scales(values, offsets, "rms"), [np.sqrt(10001), 2, 1])
     np.testing.assert_allclose(series_scales(values, offsets, "std"), [1, 2, 1])
+
+
+def test_training_windows_run_past_a_series_end_with_those_targets_unobserved():
+    """A series shorter than a horizon trains, and a short one trains on contexts as long as
+    the history it is forecast from, less one step; no window reads the next series."""
+    values = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0, 30.0])  # series of 5, then of 3
+    panel = SeriesPanel(
+        values=values,
+        covariates=np.zeros((8, 0), dtype=np.float32),
+        series_ids=["a", "b"],
+        offsets=np.array([0, 5, 8]),
+        loss_scale=np.ones(2),
+    )
+    horizon = 4
+    np.testing.assert_array_equal(panel.window_origins(horizon), [1])  # one whole horizon
+    origins = panel.training_origins(horizon)
+    np.testing.assert_array_equal(origins, [1, 2, 3, 4, 6, 7])
+    batch = gather_windows(panel, origins, context_length=6, horizon=horizon)
+    np.testing.assert_array_equal(batch.future_observed_mask.sum(dim=1), [4, 3, 2, 1, 2, 1])
+    np.testing.assert_array_equal(batch.past_observed_mask.sum(dim=1), [1, 2, 3, 4, 1, 2])
+    last_b = batch.future_values[-1].numpy()
+    np.testing.assert_array_equal(last_b, [30.0, 0.0, 0.0, 0.0])  # not series a's values

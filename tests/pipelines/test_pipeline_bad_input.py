@@ -59,7 +59,7 @@ def _duplicates(tmp_path):
 
 
 def _too_short(tmp_path):
-    # Every series shorter than one training window (H + 1 points) plus validation and test:
+    # Every series shorter than one training window (2 points) plus validation and test:
     # nothing is left to train on.
     df = _good()
     df = df[df.groupby("unique_id").cumcount() < 40]
@@ -114,7 +114,7 @@ def test_too_short_names_the_configured_lengths(store, tmp_path, capsys):
     main(["retrain", "--config", str(cfg), "--data", path])
     err = capsys.readouterr().err
     horizon = TINY_MODEL["prediction_length"]
-    assert f"prediction_length={horizon} needs {horizon + 1} training points" in err
+    assert f"prediction_length={horizon} needs 2 training points" in err
 
 
 def test_a_series_too_short_for_the_split_is_left_out_not_the_run(store, tmp_path, caplog):

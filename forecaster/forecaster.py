@@ -183,6 +183,9 @@ class Forecaster:
         # fit on naive `ds`, for which the frequency decides (`wall_clock`).
         self._fitted_wall_clock: bool | None = None
         self.train_result: TrainResult | None = None
+        # What config.json says of the training of a loaded model (its `train_result` stays
+        # None: the path and the epochs are not saved), so that saving it again keeps it.
+        self._saved_training: dict[str, Any] | None = None
         # The readings of fit's `df` that the glitch rule finds (`unique_id`, `ds`), left out
         # of training with TrainConfig.mask_training_glitches; None until fit, and after load.
         self.training_glitches: pd.DataFrame | None = None
@@ -302,6 +305,7 @@ class Forecaster:
         self.model_config, self.freq, self.model, self._compiled = mc, freq, model, None
         self._fitted_wall_clock = train.wall_clock
         self.train_result = dataclasses.replace(result, n_glitches=int(glitches.sum()))
+        self._saved_training = None
         # In the caller's types, so that they merge back onto `df` (integer ids, a zone).
         self.training_glitches = in_callers_types(
             _rows_frame(train, glitches), _frame(df), bool(train.wall_clock)
@@ -639,7 +643,7 @@ class Forecaster:
         if distributed_rank() != 0:
             return path
         state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-        training = None
+        training = self._saved_training
         if self.train_result is not None:
             r = self.train_result
             training = {
@@ -726,6 +730,8 @@ class Forecaster:
             raise ModelFileError(f"{path / CONFIG_FILE}: {exc}", field="model") from None
         forecaster.freq = meta.get("freq")
         forecaster._fitted_wall_clock = meta.get("wall_clock")  # absent before it was saved
+        training = meta.get("training")
+        forecaster._saved_training = training if isinstance(training, dict) else None
         model = PatchTransformer(forecaster.model_config)
         # A model saved before intervals were calibrated was used with a scale of 1, one saved
         # before they were calibrated per band of history with one factor for all.

@@ -268,6 +268,19 @@ def test_an_interrupted_save_leaves_the_model_saved_before(fitted, series, tmp_p
     )
 
 
+def test_a_loaded_model_saved_again_keeps_its_training_record(fitted, tmp_path):
+    """A registry copy, a model moved between stores: the record of its training (best
+    epoch, validation losses, the linear start's ridge...) was written as null."""
+    fitted.save(tmp_path / "first")
+    Forecaster.load(tmp_path / "first").save(tmp_path / "second")
+    first, second = (
+        json.loads((tmp_path / name / "config.json").read_text())["training"]
+        for name in ("first", "second")
+    )
+    assert first is not None and first["best_val_loss"] is not None
+    assert second == first
+
+
 def test_short_histories_are_imputed_and_models_saved_before_that_load(series, tmp_path):
     """With `impute_padding` a history shorter than the context forecasts alike after save ->
     load, and unlike with the padding read as the mean. A model saved before the choice was

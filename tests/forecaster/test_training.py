@@ -281,11 +281,31 @@ def test_a_given_val_df_is_never_trained_on(series):
     assert model.train_result.tail is None
 
 
+def test_the_tail_epochs_add_the_held_out_windows_of_the_kinds_the_path_trained_on(series):
+    """A series long enough to split trains on complete windows only, so its tail epochs add
+    its held-out complete windows and no window whose targets run past its end; a series too
+    short to split trained on those all along and keeps them."""
+    mc = ModelConfig(**TINY_MODEL)
+    h = mc.prediction_length
+    first = series[series["unique_id"] == series["unique_id"].iloc[0]]
+    short = first.head(h).assign(unique_id="new")  # one horizon: nothing to hold out
+    panel = SeriesPanel.from_validated(validate_long_frame(pd.concat([first, short])), mc)
+    train, val, tail = _hold_out_tail(panel, h)
+    long_end, short_end = panel.offsets[1], panel.offsets[2]
+    long_tail = tail.origins[tail.origins < long_end]
+    assert (long_tail + h <= long_end).all()
+    assert set(train.origins) | set(val.origins) <= set(tail.origins)
+    assert set(long_tail) == set(panel.window_origins(h)[panel.window_origins(h) < long_end])
+    short_tail = tail.origins[tail.origins >= long_end]
+    assert (short_tail + h > short_end).all()  # every target of the short series' windows
+    assert len(short_tail) == h - 1  # origins after each of its first h - 1 points
+
+
 def _band_coverage(model: Forecaster, series: pd.DataFrame) -> float:
     """Share of the automatic validation windows' targets inside the 0.1-0.9 band."""
     mc = model.model_config
     panel = SeriesPanel.from_validated(validate_long_frame(series), mc)
-    _, val = _hold_out_tail(panel, mc.prediction_length)
+    _, val, _ = _hold_out_tail(panel, mc.prediction_length)
     batch = gather_windows(panel, val.origins, mc.context_length, mc.prediction_length)
     with torch.inference_mode():
         output, _ = model.model(batch.past_values, batch.past_observed_mask)
@@ -311,7 +331,7 @@ def test_each_band_of_history_gets_the_factor_that_holds_80_percent_there(series
     model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN)).fit(series)
     mc = model.model_config
     panel = SeriesPanel.from_validated(validate_long_frame(series), mc)
-    _, val = _hold_out_tail(panel, mc.prediction_length)
+    _, val, _ = _hold_out_tail(panel, mc.prediction_length)
     scales = model.train_result.interval_scale
     assert len(set(scales)) > 1, scales
     batch = gather_windows(panel, val.origins, mc.context_length, mc.prediction_length)
@@ -343,7 +363,7 @@ def test_intervals_are_calibrated_on_the_forecasts_users_get(series):
     mc = model.model_config
     assert not torch.equal(model.model.padding_factor, torch.eye(mc.context_length + 1))
     panel = SeriesPanel.from_validated(validate_long_frame(series), mc)
-    _, val = _hold_out_tail(panel, mc.prediction_length)
+    _, val, _ = _hold_out_tail(panel, mc.prediction_length)
     model.model.interval_scale.fill_(1.0)
     again = calibrate_intervals(model.model, val, model.train_config, torch.device("cpu"))
     assert again == model.train_result.interval_scale
@@ -359,7 +379,7 @@ def test_series_that_stay_at_their_level_do_not_narrow_the_others_bands(series):
 
     def factors(frame: pd.DataFrame) -> tuple[float, ...]:
         panel = SeriesPanel.from_validated(validate_long_frame(frame), mc)
-        _, val = _hold_out_tail(panel, mc.prediction_length)
+        _, val, _ = _hold_out_tail(panel, mc.prediction_length)
         return calibrate_intervals(model.model, val, model.train_config, cpu)
 
     one = series[series["unique_id"] == series["unique_id"].iloc[0]]
@@ -378,7 +398,7 @@ def test_each_band_reads_its_padding_the_way_its_validation_windows_forecast_bes
     model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
     mc, cpu = model.model_config, torch.device("cpu")
     panel = SeriesPanel.from_validated(validate_long_frame(series), mc)
-    _, val = _hold_out_tail(panel, mc.prediction_length)
+    _, val, _ = _hold_out_tail(panel, mc.prediction_length)
     chosen = model.train_result.impute_padding
     assert choose_padding_imputation(model.model, val, config, cpu) == chosen
     assert tuple(model.model.padding_imputed.tolist()) == chosen  # left as the fit chose
@@ -398,7 +418,7 @@ def test_a_narrow_band_is_widened_until_it_holds_80_percent(series):
     raw = _band_coverage(model, series)
     mc = model.model_config
     panel = SeriesPanel.from_validated(validate_long_frame(series), mc)
-    _, val = _hold_out_tail(panel, mc.prediction_length)
+    _, val, _ = _hold_out_tail(panel, mc.prediction_length)
     scales = calibrate_intervals(model.model, val, model.train_config, torch.device("cpu"))
     model.model.interval_scale.copy_(torch.tensor(scales))
     calibrated = _band_coverage(model, series)
@@ -499,7 +519,7 @@ def test_the_weights_returned_are_the_ones_validation_judged(series):
     panel = SeriesPanel.from_validated(
         validate_long_frame(series, freq=model.freq, allow_missing=True), model.model_config
     )
-    _, val = _hold_out_tail(panel, model.model_config.prediction_length)
+    _, val, _ = _hold_out_tail(panel, model.model_config.prediction_length)
     loss = evaluate_loss(model.model, val, config, model.device)
     assert loss == pytest.approx(result.best_val_loss, rel=1e-6)
 

@@ -1,7 +1,7 @@
 """Catalogues of short series, shaped like M4's Yearly group and like a weekly product
 catalogue: how the defaults do when most histories are shorter than the context.
 
-    python -m benchmarks.short_catalogue --json OUT [--kind weekly] [--set model.context_length=128]
+    python -m benchmarks.short_catalogue --json OUT [--kind weekly|sensors] [--set model.context_length=128]
 
 The data is synthetic and seeded (no yearly or weekly data set ships with the project):
 - annual (default): 600 series with lengths log-normal around 29 points (13 to 300, as in M4
@@ -11,16 +11,20 @@ The data is synthetic and seeded (no yearly or weekly data set ships with the pr
   to 348 weeks, the others 349 to 900), a local level in logs with a small trend, a yearly
   cycle of 52.18 weeks (not a whole number of steps, as in real weekly data) of up to 30 % and
   noise of 3-15 %; horizon 13 (M4 Weekly's).
+- sensors: 200 hourly series of 30 points each (`forecaster.synthetic`: daily and weekly
+  harmonics on a level, AR(1) noise), sensors installed a day ago; horizon 12, so every
+  history has 18 points, fewer than a day.
 
 Each series' last horizon is held out and scored by sMAPE and MASE (scaled by the in-sample
-naive MAE, seasonality 1, as M4 scores both groups), beside naive (the last value) and drift
-(the last value plus the average step of the history). It checks that short histories are
-read well; no default was chosen on it.
+naive MAE, seasonality 1, as M4 scores every group but Hourly), beside naive (the last value),
+drift (the last value plus the average step of the history) and the history's mean. It checks
+that short histories are read well; no default was chosen on it.
 
 Peers run in the same command when statsforecast is installed (`pip install -e ".[peers]"`,
 best in its own virtual environment: statsforecast needs pandas < 3), each fitted per series:
 AutoETS, AutoARIMA and AutoTheta on the annual catalogue; AutoETS and AutoTheta with a season
-of 52 on the weekly one (AutoARIMA with that season takes hours).
+of 52 on the weekly one (AutoARIMA with that season takes hours), without a season on the
+sensors (18 points hold no whole day).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from benchmarks.overrides import add_set_option, overrides_of
 from forecaster import Forecaster, ModelConfig, TrainConfig
 from forecaster.data import quantile_column
 from forecaster.metrics import coverage, coverage_by_history, mase_scale, smape
+from forecaster.synthetic import generate_synthetic
 
 HORIZON = 6
 N_SERIES = 600
@@ -95,6 +100,18 @@ def make_weekly_catalogue(seed: int = 0) -> tuple[list[np.ndarray], pd.DataFrame
     return series, pd.concat(frames, ignore_index=True)
 
 
+SENSORS_HORIZON = 12
+SENSORS = 200
+
+
+def make_sensor_catalogue(seed: int = 0) -> tuple[list[np.ndarray], pd.DataFrame]:
+    """The hourly sensors and their histories, as `make_catalogue` gives the annual ones."""
+    frame = generate_synthetic(n_series=SENSORS, n_steps=30, seed=seed)
+    series = [group["y"].to_numpy() for _, group in frame.groupby("unique_id", sort=False)]
+    history = frame.groupby("unique_id", sort=False).head(30 - SENSORS_HORIZON)
+    return series, history.reset_index(drop=True)
+
+
 @dataclass(frozen=True)
 class Catalogue:
     make: Callable[[int], tuple[list[np.ndarray], pd.DataFrame]]
@@ -109,6 +126,7 @@ CATALOGUES = {
     "weekly": Catalogue(
         make_weekly_catalogue, WEEKLY_HORIZON, "W-SUN", 52, ("AutoETS", "AutoTheta")
     ),
+    "sensors": Catalogue(make_sensor_catalogue, SENSORS_HORIZON, "h", 1, ("AutoETS", "AutoTheta")),
 }
 
 
@@ -157,15 +175,18 @@ def _band_coverage(
     context_length: int,
 ) -> dict:
     """Share of the held-out points inside the band between the outer quantiles, overall and
-    by the band of history the model saw."""
+    by the band of history the model saw, and the band's mean width in units of each history's
+    standard deviation (a band can cover by being uselessly wide)."""
     if len(levels) < 2:
         return {}
     low, high = (_by_series(forecast, quantile_column(q), order) for q in (levels[0], levels[-1]))
     horizon = low.shape[1]
     actual = np.stack([y[-horizon:] for y in series])
     history = np.array([len(y) - horizon for y in series])
+    spread = np.array([np.std(y[:-horizon]) for y in series])
     return {
         "band_coverage": coverage(actual, low, high),
+        "band_width_over_std": float(np.mean((high - low).mean(axis=1) / spread)),
         "band_coverage_by_history": coverage_by_history(actual, low, high, history, context_length),
     }
 
@@ -189,9 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     steps = np.arange(1, h + 1)
     last = np.array([y[-h - 1] for y in series])[:, None]
     slope = np.array([(y[-h - 1] - y[0]) / (len(y) - h - 1) for y in series])
+    history_mean = np.array([y[:-h].mean() for y in series])[:, None]
     rows = [
         {"model": "naive", **score(series, np.repeat(last, h, axis=1))},
         {"model": "drift", **score(series, last + slope[:, None] * steps)},
+        {"model": "mean", **score(series, np.repeat(history_mean, h, axis=1))},
     ]
     model_config = ModelConfig(**{**overrides["model"], "prediction_length": h})
     train_config = TrainConfig(**{**overrides["train"], "seed": args.seed})

@@ -176,8 +176,8 @@ class ModelConfig:
     quantile_loss_weight: float = 0.5
     # The unit the quantile head learns its offsets in where a window has observed fewer
     # steps than one season: "level", the magnitude of the window's mean where that exceeds
-    # its std, which a few steps of a cycle understate (a catalogue of 30-point hourly series
-    # got bands 14 times its history's std wide: InstanceScaler.statistics); "std", the
+    # its std, which a few steps of a cycle understate (200 hourly sensors of 18 readings got
+    # bands 31 times their history's std wide: InstanceScaler.statistics); "std", the
     # scaler's unit as everywhere else (models saved before the field existed).
     short_history_band_unit: BandUnit = "level"
     # Start from a ridge-fitted linear map from the context to the horizon (DLinear's), which the

@@ -82,9 +82,10 @@ class SeriesPanel:
         A series shorter than context + horizon is forecast from more history than any
         window with a whole horizon of targets gives it: a 30-point series with H = 12 trains
         on contexts of at most 18 points, then forecasts from 30. Windows whose horizon runs
-        past the end reach those longer contexts for their near steps (200 hourly series of
-        30 points, L = 48, H = 12: holdout MAE 9.57 -> 5.32, against 6.23 for the history's
-        mean; docs/model-choices.md), and series shorter than a horizon train at all.
+        past the end reach those longer contexts for their near steps (200 hourly sensors of
+        18 readings, H = 12: holdout sMAPE 22.5 -> 7.9, against 10.8 for the history's mean
+        and 12.8 for naive; README, Short catalogues), and series shorter than a horizon
+        train at all.
         """
         return self.window_origins(horizon, min_targets=1)
 

@@ -28,7 +28,7 @@ def test_tiny_run_beats_naive(tmp_path, capsys):
         argv += ["--set", item]
     assert short_catalogue.main(argv) == 0
     rows = {row["model"]: row for row in json.loads(out.read_text())["results"]}
-    assert set(rows) == {"naive", "drift", "ours (seed 0)"}
+    assert set(rows) == {"naive", "drift", "mean", "ours (seed 0)"}
     assert np.isfinite(rows["ours (seed 0)"]["mase"])
     assert rows["ours (seed 0)"]["mase"] < rows["naive"]["mase"]
     assert 0 < rows["ours (seed 0)"]["band_coverage"] < 1  # the band's share of the holdout
@@ -60,3 +60,27 @@ def test_tiny_weekly_run_forecasts_every_series(tmp_path):
     assert result["kind"] == "weekly"
     assert np.isfinite(rows["ours (seed 0)"]["mase"])
     assert rows["ours (seed 0)"]["patch_length"] == 26  # a weekly season of 52, halved
+
+
+def test_sensors_are_hourly_histories_shorter_than_a_day_and_all_forecast(tmp_path):
+    """Every sensor has 18 hourly readings; each is forecast, ahead of naive, its band a few of
+    its history's standard deviations wide rather than dozens."""
+    series, history = short_catalogue.make_sensor_catalogue()
+    lengths = history.groupby("unique_id", sort=False).size()
+    assert len(lengths) == short_catalogue.SENSORS and set(lengths) == {18}
+    assert pd.infer_freq(history.loc[history["unique_id"] == lengths.index[0], "ds"]) == "h"
+    assert all(
+        np.array_equal(y[:18], history.loc[history["unique_id"] == uid, "y"])
+        for y, uid in zip(series, lengths.index, strict=True)
+    )
+    out = tmp_path / "sensors.json"
+    argv = ["--kind", "sensors", "--json", str(out), "--no-peers", "--set", "train.progress=false"]
+    tiny = ["model.d_model=8", "model.n_heads=1", "model.d_ff=16", "train.max_epochs=2"]
+    for item in [*tiny, "train.max_windows_per_epoch=2048"]:
+        argv += ["--set", item]
+    assert short_catalogue.main(argv) == 0
+    rows = {row["model"]: row for row in json.loads(out.read_text())["results"]}
+    ours = rows["ours (seed 0)"]
+    assert ours["mase"] < rows["naive"]["mase"]
+    assert 0 < ours["band_coverage"] < 1
+    assert ours["band_width_over_std"] < 10

@@ -1115,11 +1115,10 @@ def _hold_out_tail(
     ones only, since its path never saw targets past an end (with the windows past the end
     too, Tourism Monthly's holdout OWA went from 0.799 to 0.851 and M3 Quarterly's from 0.924
     to 0.935 on the same judged path; docs/model-choices.md). When no series can give both,
-    every seventh series is held out whole
-    instead (its windows validate, the others train): judged on the training loss, a model of
-    a catalogue of short series trained 35 epochs and forecast worse than naive (M4 Hourly
-    summed into days: 15-26 days of history, H = 14; README, Daily data). With a single
-    series, training runs on the training loss.
+    every seventh series is held out whole instead (its windows validate, the others train):
+    judged on the training loss, a model of a catalogue of short series trained 35 epochs and
+    forecast worse than naive (M4 Hourly summed into days: 15-26 days of history, H = 14;
+    README, Daily data). With a single series, training runs on the training loss.
     """
     lengths = np.diff(panel.offsets)
     val_points = np.maximum(horizon, (lengths * AUTO_VALIDATION_FRACTION).astype(np.int64))

@@ -198,6 +198,11 @@ class ModelConfig:
     # forecasts, from logits of -8 that move too slowly to leave the draft within ETTh1's few
     # epochs; the first version, kept so the models saved with it load.
     naive_blend: NaiveBlend = "gates"
+    # With the naive head: its drift forecast reads the slope from a row's first observation
+    # where the row has observed fewer steps than the drift's span (see
+    # forecaster.model.observed_drift). Off (models saved before the field existed): over the
+    # span, the left padding read as the row's mean, which flattens a short history's trend.
+    observed_drift: bool = True
     # Calendar features of `ds` fed to encoder and decoder tokens (names from
     # forecaster.time_axis.CALENDAR_FEATURES). Off by default: on validation data they let the
     # model memorise the training period's calendar (see the README's design section).

@@ -721,6 +721,7 @@ class Forecaster:
         if "naive_head" in model_values:  # saved before its blend could be gates: softmax
             model_values.setdefault("naive_blend", "softmax")
         model_values.setdefault("short_history_band_unit", "std")  # before the level unit
+        model_values.setdefault("observed_drift", False)  # before the observed history's slope
         try:
             forecaster = cls(
                 config_from_dict(ModelConfig, model_values),

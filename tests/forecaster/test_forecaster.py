@@ -455,6 +455,23 @@ def test_a_model_saved_before_the_level_band_unit_loads_and_forecasts_as_before(
     pd.testing.assert_frame_equal(older.predict(short), expected, check_exact=True)
 
 
+def test_a_model_saved_before_the_observed_drift_loads_and_forecasts_as_before(series, tmp_path):
+    """Its config has no `observed_drift`: its naive head learned the drift read over the
+    span, and a history shorter than the span (10 hourly points, a span of 24) keeps it."""
+    config = ModelConfig(**{**TINY_MODEL, "prediction_length": 2, "observed_drift": False})
+    model = Forecaster(config, TrainConfig(**TINY_TRAIN)).fit(series)
+    model.save(tmp_path / "model")
+    meta_file = tmp_path / "model" / "config.json"
+    meta = json.loads(meta_file.read_text())
+    del meta["model_config"]["observed_drift"]
+    meta_file.write_text(json.dumps(meta))
+    reseal(tmp_path / "model")
+    older = Forecaster.load(tmp_path / "model")
+    assert older.model_config.observed_drift is False
+    short = series.groupby("unique_id").head(10)
+    pd.testing.assert_frame_equal(older.predict(short), model.predict(short), check_exact=True)
+
+
 def test_a_config_of_numpy_numbers_trains_saves_and_loads(series, tmp_path):
     """NumPy numbers were taken, trained on, and then failed save (not JSON), after the whole
     training; an interval scale of np.float32 raised a TypeError."""

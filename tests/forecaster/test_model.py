@@ -8,7 +8,13 @@ from torch import nn
 from forecaster import Forecaster, ModelConfig, TrainConfig
 from forecaster.config import N_HISTORY_BANDS
 from forecaster.errors import InvalidConfigError
-from forecaster.model import PatchTransformer, fill_gaps, history_band, naive_forecast_maps
+from forecaster.model import (
+    PatchTransformer,
+    fill_gaps,
+    history_band,
+    naive_forecast_maps,
+    observed_drift,
+)
 from forecaster.training import (
     LINEAR_START_RIDGES,
     LinearStartFit,
@@ -317,6 +323,44 @@ def test_linear_start_ridge_is_chosen_by_cross_validation(tiny_config):
     origins = panel.window_origins(tiny_config.prediction_length)
     fit = fit_linear_start(model, WindowSet(panel, origins), torch.device("cpu"))
     assert fit == LinearStartFit(max(LINEAR_START_RIDGES), "mean")
+
+
+@pytest.mark.parametrize(("observed", "slope"), [(True, 2.0), (False, 5 / 8)])
+def test_the_drift_of_a_short_history_is_read_from_its_first_observation(
+    tiny_config, observed, slope
+):
+    """A 6-point trend rising by 2 a step, left-padded to L = 32, with the drift's gate open:
+    the head's drift continues the trend. Read over the span (8 steps, the previous rule), the
+    slope runs from the padding, read as the row's mean (5, against 10 at the end): 5 / 8 a
+    step, under a third of the trend."""
+    config = ModelConfig(
+        **{**tiny_config.__dict__, "prediction_length": 2, "observed_drift": observed}
+    )
+    model = _model(config)
+    torch.nn.init.zeros_(model.point_head.weight)
+    index = list(naive_forecast_maps(32, 2, 1)).index("drift over 8 steps")
+    with torch.no_grad():
+        model.naive_head.weight.zero_()
+        model.naive_head.bias.fill_(-1.0)[index] = 1.0
+    past = torch.zeros(1, 32, dtype=torch.float64)
+    past[0, -6:] = torch.arange(6, dtype=torch.float64) * 2.0  # 0, 2, ..., 10
+    mask = past != 0
+    mask[0, -6] = True
+    forecast = model(past, mask)[0].denormalize().mean
+    torch.testing.assert_close(forecast, 10.0 + slope * torch.tensor([[1.0, 2.0]]).double())
+
+
+def test_observed_drift_is_the_drift_map_where_the_history_fills_its_span():
+    context = torch.arange(1.0, 13.0).double().unsqueeze(0)  # L = 12
+    observed = torch.ones_like(context, dtype=torch.bool)
+    design = torch.cat([context, torch.ones(1, 1).double()], dim=1)
+    drift_map = naive_forecast_maps(12, 2, season_length=1)["drift over 8 steps"]
+    torch.testing.assert_close(observed_drift(context, observed, 8, 2), design @ drift_map)
+    # One observed step: no slope to read, the last value.
+    observed[:, :-1] = False
+    torch.testing.assert_close(
+        observed_drift(context, observed, 8, 2), torch.full((1, 2), 12.0).double()
+    )
 
 
 def test_naive_forecast_maps_are_the_naive_forecasts():

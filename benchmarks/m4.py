@@ -405,6 +405,19 @@ def naive(split: Split) -> np.ndarray:
     return np.repeat(np.array(last)[:, None], split.group.horizon, axis=1)
 
 
+def drift(split: Split) -> np.ndarray:
+    """The last observed value with drift: the mean step from the first observed value to it
+    (FPP3 5.2's drift method), the last value where only one is observed."""
+    steps = np.arange(1, split.group.horizon + 1)
+    out = []
+    for h in split.history:
+        seen = np.flatnonzero(~np.isnan(h))
+        first, last = seen[0], seen[-1]
+        slope = (h[last] - h[first]) / (last - first) if last > first else 0.0
+        out.append(h[last] + slope * (len(h) - 1 - last + steps))
+    return np.stack(out)
+
+
 def naive2(split: Split) -> np.ndarray:
     """M4's Naive2: the last value of the seasonally adjusted series, reseasonalised.
 
@@ -708,6 +721,7 @@ def main(argv: list[str] | None = None) -> int:
     else:  # Naive2's decomposition needs complete histories of two seasons or more
         add("Naive2 (same split)", naive2_forecast, None)
     add("seasonal naive (same split)", seasonal_naive(split), None)
+    add("drift (same split)", drift(split), None)
     patterns = gap_patterns(group, model_config.context_length) if args.gap_patterns else {}
     damaged = {p: with_gaps(split, p, context_length=model_config.context_length) for p in patterns}
     glitched = with_glitches(split, model_config.context_length) if args.glitches else {}

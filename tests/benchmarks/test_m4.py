@@ -62,6 +62,16 @@ def test_naive2_continues_a_multiplicative_season_exactly():
     assert m4.score(split, m4.naive2(split), HOURLY.naive2)["owa"] == pytest.approx(0.0, abs=1e-9)
 
 
+def test_drift_continues_the_line_through_the_first_and_last_observed_values():
+    """Missing points at either end count as steps, not as values; one observed value gives
+    the last value."""
+    line = np.array([np.nan, 10.0, np.nan, 14.0, 16.0, np.nan])  # 2 a step, last seen at 4
+    single = np.array([np.nan, 5.0])
+    group = replace(HOURLY, horizon=2)
+    split = m4.Split(group, ["a", "b"], [line, single], np.zeros((2, 2)), np.ones(2))
+    np.testing.assert_allclose(m4.drift(split), [[20.0, 22.0], [5.0, 5.0]])
+
+
 def test_naive2_of_a_series_without_season_is_the_last_value():
     y = np.random.default_rng(1).normal(100, 1, 300)  # white noise: no season at lag 24
     split = m4.Split(HOURLY, ["s"], [y[:-48]], y[None, -48:], np.ones(1))
@@ -98,7 +108,12 @@ def test_cli_scores_every_series_and_writes_json(wide_csv, tmp_path, capsys):
     # Hourly's OWA is against the published Naive2 figures, whatever the split.
     assert written["owa_reference"] == {"smape": 18.383, "mase": 2.395, "source": "published"}
     rows = {r["model"]: r for r in written["results"]}
-    assert set(rows) == {"naive (same split)", "seasonal naive (same split)", "ours (seed 0)"}
+    assert set(rows) == {
+        "naive (same split)",
+        "seasonal naive (same split)",
+        "drift (same split)",
+        "ours (seed 0)",
+    }
     assert all(np.isfinite(r["owa"]) for r in rows.values())
     assert set(rows["ours (seed 0)"]["share_below"]) == {"0.1", "0.5", "0.9"}
     assert "| ours (seed 0) |" in capsys.readouterr().out

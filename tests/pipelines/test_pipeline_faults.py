@@ -75,9 +75,8 @@ def test_server_that_never_answers_times_out(tmp_path, data_csv):
     assert "did not answer in time" in proc.stderr.strip().splitlines()[-1]
 
 
-def test_run_killed_mid_training_leaves_registry_untouched_and_next_run_is_clean(store, data_csv):
-    before = _versions(store)
-    # Long enough training that the kill lands in the middle of it.
+def _start_long_retrain(store, data_csv, stderr) -> subprocess.Popen:
+    """A `retrain` CLI process whose training lasts long enough for a signal to land in it."""
     cfg = config_file(
         store,
         train={
@@ -91,40 +90,44 @@ def test_run_killed_mid_training_leaves_registry_untouched_and_next_run_is_clean
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("FORECASTER_")}
     env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pipelines.cli",
-            "retrain",
-            "--config",
-            str(cfg),
-            "--data",
-            str(data_csv),
-        ],
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipelines.cli", "retrain", "--config", str(cfg)]
+        + ["--data", str(data_csv)],
         cwd=store,
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=stderr,
+        text=True,
     )
+
+
+def _wait_for_first_epoch(store, proc: subprocess.Popen):
+    """The running MLflow run once it has logged an epoch, or None if the process ended or
+    three minutes passed first."""
     client = client_for(store)
     experiment = client.get_experiment_by_name("forecaster")
-    run = None
     deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        runs = client.search_runs(
+            [experiment.experiment_id], filter_string="attributes.status = 'RUNNING'"
+        )
+        if runs and client.get_metric_history(runs[0].info.run_id, "train_loss"):
+            return runs[0]
+        time.sleep(0.5)
+    return None
+
+
+def test_run_killed_mid_training_leaves_registry_untouched_and_next_run_is_clean(store, data_csv):
+    before = _versions(store)
+    proc = _start_long_retrain(store, data_csv, stderr=subprocess.DEVNULL)
     try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            runs = client.search_runs(
-                [experiment.experiment_id], filter_string="attributes.status = 'RUNNING'"
-            )
-            if runs and client.get_metric_history(runs[0].info.run_id, "train_loss"):
-                run = runs[0]
-                break
-            time.sleep(0.5)
+        run = _wait_for_first_epoch(store, proc)
         assert run is not None, "training never logged an epoch"
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
 
+    client = client_for(store)
     assert _versions(store) == before
     assert _champion(store) == "1"
     assert client.get_run(run.info.run_id).info.status == "RUNNING"  # it could not say more
@@ -209,52 +212,13 @@ def test_invalid_cron_is_rejected(tmp_path, capsys, cron, says):
 
 def test_terminated_run_is_marked_killed(store, data_csv):
     signum = signal.SIGTERM
-    cfg = config_file(
-        store,
-        train={
-            "max_epochs": 200,
-            "patience": 200,
-            "batch_size": 8,
-            "progress": False,
-            "device": "cpu",
-            "max_windows_per_epoch": 64,
-        },
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORECASTER_")}
-    env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pipelines.cli",
-            "retrain",
-            "--config",
-            str(cfg),
-            "--data",
-            str(data_csv),
-        ],
-        cwd=store,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    client = client_for(store)
-    experiment = client.get_experiment_by_name("forecaster")
-    deadline = time.monotonic() + 180
-    run = None
-    while time.monotonic() < deadline and proc.poll() is None and run is None:
-        runs = client.search_runs(
-            [experiment.experiment_id], filter_string="attributes.status = 'RUNNING'"
-        )
-        if runs and client.get_metric_history(runs[0].info.run_id, "train_loss"):
-            run = runs[0]
-        time.sleep(0.5)
+    proc = _start_long_retrain(store, data_csv, stderr=subprocess.PIPE)
+    run = _wait_for_first_epoch(store, proc)
     proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=60)
     assert run is not None, stderr
     assert proc.returncode == 128 + signum, stderr
-    assert client.get_run(run.info.run_id).info.status == "KILLED", stderr
+    assert client_for(store).get_run(run.info.run_id).info.status == "KILLED", stderr
     assert _versions(store) == ["1"] and _champion(store) == "1"
 
 

@@ -408,6 +408,14 @@ def _parameter_groups(model: PatchTransformer, config: TrainConfig) -> list[dict
     return groups
 
 
+def _adamw(groups: list[dict], learning_rate: float, device: torch.device) -> torch.optim.AdamW:
+    """AdamW, fused into one kernel per step where torch has one: at this model's size the
+    default per-parameter loop costs 5 % of a training step (M4 Hourly's model, batch 256, 2
+    CPU threads: 55.5 ms, fused 52.4 ms, medians of 8 interleaved rounds of 15 steps)."""
+    fused = True if device.type in ("cpu", "cuda") else None
+    return torch.optim.AdamW(groups, lr=learning_rate, fused=fused)
+
+
 def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
     return copy.deepcopy({k: v.detach().cpu() for k, v in model.state_dict().items()})
 
@@ -533,7 +541,7 @@ def train_model(
     if world.is_main and initial is not None:
         logger.info("epoch 0 (before gradient training) val_loss=%.5f", initial)
     best_loss, best_epoch, best_state = (initial if has_val else math.inf), 0, _snapshot(model)
-    optimizer = torch.optim.AdamW(groups, lr=config.learning_rate)
+    optimizer = _adamw(groups, config.learning_rate, device)
     lr_factor, decays, stale, step = 1.0, 0, 0, 0
     replay = config.replay_lr_factors
     is_replay = replay is not None
@@ -546,7 +554,7 @@ def train_model(
         epoch_started = time.perf_counter()
         if is_replay:
             if epoch > 1 and replay[epoch - 1] != lr_factor:  # as after a restore
-                optimizer = torch.optim.AdamW(groups, lr=config.learning_rate)
+                optimizer = _adamw(groups, config.learning_rate, device)
             lr_factor = replay[epoch - 1]
         path.append(lr_factor)
         model.train()
@@ -648,7 +656,7 @@ def train_model(
             if average is not None:
                 average.reset()
             del path[best_path:]
-            optimizer = torch.optim.AdamW(groups, lr=config.learning_rate * lr_factor)
+            optimizer = _adamw(groups, config.learning_rate * lr_factor, device)
 
     if not (is_replay and best_epoch):
         model.load_state_dict(best_state)

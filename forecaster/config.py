@@ -330,6 +330,15 @@ class TrainConfig:
     # target; 40 would not (docs/model-choices.md). 0 trains nothing by gradient: the model
     # is its closed-form linear start.
     max_epochs: int = 35
+    # Wall-clock budget in seconds for the judged epochs, counted from the start of training
+    # (the linear start's fit included), as Lightning's `max_time`: no epoch starts that the
+    # longest epoch so far says would end past it, and training ends as after its last
+    # learning-rate decay (the best weights kept, intervals calibrated). For scheduled
+    # retraining that must end in its slot: the same data and seed then train further on a
+    # faster machine, so a budgeted run is reproducible only on the same hardware. The first
+    # epoch always runs; tail epochs (one epoch each) and a refit's replay are not cut.
+    # None: no budget, `max_epochs` alone bounds training.
+    max_train_seconds: float | None = None
     # Windows (one series each) per optimisation step.
     batch_size: int = 256
     # Peak AdamW learning rate, reached after warmup.
@@ -481,6 +490,12 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check_types(self)
         _check(self.max_epochs >= 0, "max_epochs", ">= 0", self.max_epochs)
+        _check(
+            self.max_train_seconds is None or self.max_train_seconds > 0,
+            "max_train_seconds",
+            "None or > 0",
+            self.max_train_seconds,
+        )
         _check(0 <= self.seed < 2**32, "seed", "in [0, 2**32)", self.seed)
         _check(
             re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device) is not None,

@@ -110,6 +110,8 @@ class TrainResult:
     device: str
     world_size: int
     stopped_early: bool = False
+    # Training ended because the next epoch would have overrun TrainConfig.max_train_seconds.
+    out_of_time: bool = False
     n_train_windows: int = 0
     n_val_windows: int = 0
     # Validation loss of the model before gradient training (the linear start alone).
@@ -481,6 +483,7 @@ def train_model(
     the linear start first.
     """
     mc: ModelConfig = model.config
+    clock = time.perf_counter()  # what max_train_seconds counts from
     if len(train.origins) == 0:
         raise ValueError(
             "no training window: expected a series with a step of history and a target after it"
@@ -548,7 +551,7 @@ def train_model(
     path: list[float] = []  # lr factor of each epoch the current weights went through
     best_path = 0  # len(path) when the best weights were taken
     started = time.perf_counter()
-    stopped_early = False
+    stopped_early = out_of_time = False
     n_epochs = len(replay) if is_replay else config.max_epochs
     for epoch in range(1, n_epochs + 1):
         epoch_started = time.perf_counter()
@@ -645,6 +648,20 @@ def train_model(
             )
             for callback in callbacks:
                 callback(history[-1])
+        if config.max_train_seconds is not None and not is_replay and epoch < n_epochs:
+            longest = max(log.seconds for log in history)
+            overrun = time.perf_counter() - clock + longest > config.max_train_seconds
+            # Every rank stops together, or the others would wait for it forever.
+            if _mean_across_ranks(float(overrun), world, device) > 0:
+                out_of_time = True
+                if world.is_main:
+                    logger.info(
+                        "training budget of %gs: no time for epoch %d (the longest took %.1fs)",
+                        config.max_train_seconds,
+                        epoch + 1,
+                        longest,
+                    )
+                break
         if stale >= config.patience and not is_replay:
             if decays >= config.max_lr_decays:
                 stopped_early = True
@@ -687,6 +704,7 @@ def train_model(
         device=str(device),
         world_size=world.world_size,
         stopped_early=stopped_early,
+        out_of_time=out_of_time,
         n_train_windows=len(train.origins),
         n_val_windows=len(val_origins),
         initial_val_loss=initial,

@@ -103,7 +103,9 @@ def train(
     """Fit a Forecaster on ``data.train`` with early stopping on ``data.val``.
 
     Logs to run ``run_id``: every model and train config value, package versions, the seed,
-    the device, per epoch train loss, validation loss and learning rate, and how many readings
+    the device, per epoch train loss, validation loss and learning rate, why training ended
+    (``training_ended``: its learning-rate decays, ``max_epochs`` or ``max_train_seconds``), and
+    how many readings
     of the training data the glitch rule finds (`training_glitches`; listed in the artifact
     ``data/training_glitches.csv`` when there are any).
     """
@@ -152,6 +154,14 @@ def train(
         # the window mean), as validation chose them.
         imputed = [b for b, i in zip(HISTORY_BANDS, result.impute_padding, strict=True) if i]
         client.set_tag(run_id, "padding_imputed", ",".join(imputed) or "none")
+        # Why the epochs stopped where they did: a budgeted run that ran out of time trained
+        # less than its data supports, which its learning curves alone do not say.
+        ended = "max_epochs"
+        if result.out_of_time:
+            ended = "out_of_time"
+        elif result.stopped_early:
+            ended = "plateau"
+        client.set_tag(run_id, "training_ended", ended)
     glitches = forecaster.training_glitches
     if glitches is not None and len(glitches):
         logger.info(

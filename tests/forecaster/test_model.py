@@ -572,6 +572,8 @@ def test_invalid_config_says_expected_and_actual(tiny_config, field, value, mess
         (ModelConfig, "covariates", "promo", "a list of str values"),  # once split in letters
         (TrainConfig, "learning_rate", float("inf"), "a finite number"),  # trained to NaN
         (TrainConfig, "patience", 1.5, "an integer"),
+        (TrainConfig, "max_train_seconds", 0.0, "None or > 0"),
+        (TrainConfig, "max_train_seconds", "600", "a finite number"),
         (TrainConfig, "compile", "false", "true or false"),
         (TrainConfig, "seed", -1, r"in \[0, 2\*\*32\)"),
         (TrainConfig, "seed", None, "an integer"),

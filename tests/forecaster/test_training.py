@@ -101,6 +101,27 @@ def test_callback_sees_every_epoch_and_best_weights_are_kept(series):
         assert logs[result.best_epoch - 1].is_best
 
 
+def test_a_training_budget_ends_training_between_epochs_with_the_best_weights(series):
+    """A budget that leaves no time after the first epoch gives what one epoch gives; one
+    with time to spare changes nothing."""
+    budgets = {"max_epochs": 4, "patience": 4, "tail_epochs": 0}
+    one_epoch = Forecaster(
+        ModelConfig(**TINY_MODEL), TrainConfig(**{**TINY_TRAIN, **budgets, "max_epochs": 1})
+    ).fit(series)
+    config = TrainConfig(**{**TINY_TRAIN, **budgets, "max_train_seconds": 1e-3})
+    budgeted = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
+    result = budgeted.train_result
+    assert result.out_of_time and len(result.epochs) == 1
+    pd.testing.assert_frame_equal(budgeted.predict(series), one_epoch.predict(series))
+
+    ample = TrainConfig(**{**TINY_TRAIN, **budgets, "max_train_seconds": 3600.0})
+    unbounded = TrainConfig(**{**TINY_TRAIN, **budgets})
+    runs = [Forecaster(ModelConfig(**TINY_MODEL), c).fit(series) for c in (ample, unbounded)]
+    assert not runs[0].train_result.out_of_time
+    assert len(runs[0].train_result.epochs) == 4
+    pd.testing.assert_frame_equal(runs[0].predict(series), runs[1].predict(series))
+
+
 def test_training_that_cannot_beat_the_linear_start_keeps_it(series):
     """Plateaus restore the best weights and decay the rate; epoch 0 stays if never beaten."""
     linear = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**{**TINY_TRAIN, "max_epochs": 0}))

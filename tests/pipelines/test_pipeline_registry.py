@@ -16,6 +16,7 @@ from forecaster import Forecaster
 from pipelines.cli import main
 from pipelines.errors import InvalidModelUriError, ModelNotFoundError, TrackingUnavailableError
 from pipelines.registry import download_forecaster, load_forecaster, resolve_model
+from pipelines.retrain import retrain
 from tests.pipelines.pipeline_helpers import (
     TINY_MODEL,
     client_for,
@@ -62,6 +63,7 @@ def test_the_run_holds_params_learning_curves_metrics_and_artifacts(champion_sto
         earned = run.data.metrics[f"attention_earned_{kind}"]
         assert earned == pytest.approx(result.evaluation.attention_earned[kind])
     assert run.data.metrics["training_glitches"] == 0
+    assert run.data.tags["training_ended"] in ("plateau", "max_epochs")
     artifacts = {a.path for a in client.list_artifacts(result.run_id)}
     assert {"evaluation", "plots"} <= artifacts
     assert "data" not in artifacts  # no glitch to list
@@ -101,6 +103,17 @@ def test_the_run_names_the_training_readings_read_as_glitches(tmp_path, capsys, 
         "unique_id": [frame.loc[bad, "unique_id"]],
         "ds": [frame.loc[bad, "ds"]],
     }
+
+
+def test_a_retrain_out_of_training_time_says_so_and_still_registers(tmp_path):
+    settings = make_settings(tmp_path, train={"max_epochs": 5, "max_train_seconds": 1e-3})
+    result = retrain(settings, synthetic())
+    client = client_for(tmp_path)
+    run = client.get_run(result.run_id)
+    assert run.data.tags["training_ended"] == "out_of_time"
+    assert run.data.params["train.max_train_seconds"] == "0.001"
+    assert len(client.get_metric_history(result.run_id, "train_loss")) == 1
+    assert client.get_model_version("forecaster", "1").run_id == result.run_id
 
 
 def test_a_model_with_covariates_is_registered_promoted_refit_and_served(tmp_path):

@@ -87,3 +87,51 @@ def test_two_ranks_shard_every_epoch_and_one_save_serves_both(tmp_path):
     df = generate_synthetic(n_series=8, n_steps=24 * 14, freq="h", seed=0)
     reloaded = Forecaster.load(tmp_path / "m", device="cpu")
     assert reloaded.predict(df)["mean"].tolist() == pytest.approx(result["mean"], abs=1e-6)
+
+
+BUDGET_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch.distributed as dist
+    from forecaster import Forecaster, ModelConfig, TrainConfig
+    from forecaster.synthetic import generate_synthetic
+
+    # Only rank 1 is out of time after its first epoch: both must stop there, or rank 0's
+    # next epoch would wait forever for a rank that has moved on.
+    budget = 1e-3 if os.environ["RANK"] == "1" else 3600.0
+    df = generate_synthetic(n_series=8, n_steps=24 * 14, freq="h", seed=0)
+    model = Forecaster(
+        ModelConfig(context_length=32, prediction_length=8, patch_length=4, d_model=16,
+                    n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32),
+        TrainConfig(max_epochs=4, patience=5, batch_size=64, tail_epochs=0, progress=False,
+                    device="cpu", max_train_seconds=budget),
+    ).fit(df)
+    r = model.train_result
+    ranks = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, (len(r.epochs), r.out_of_time))
+    if dist.get_rank() == 0:
+        with open(sys.argv[1], "w") as out:
+            json.dump(ranks, out)
+    dist.barrier()
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_a_budget_that_runs_out_on_one_rank_stops_every_rank(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(BUDGET_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun is not installed beside this Python")
+    result_file = tmp_path / "result.json"
+    done = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc_per_node=2", str(script), str(result_file)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 or EXIT_ABORT in done.stderr, done.stderr[-3000:]
+    assert json.loads(result_file.read_text()) == [[1, True], [1, True]]

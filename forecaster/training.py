@@ -5,11 +5,13 @@
    season or its last value with drift), the prior and the ridge strength chosen by blocked
    5-fold cross-validation over time on the training windows, never on the validation windows
    that later judge the Transformer.
-2. AdamW with warmup, nanoGPT's parameter groups (weight decay on weight matrices only) and the
-   linear start in a group of its own at a fraction of the learning rate.
+2. AdamW (fused where torch has it) with warmup, nanoGPT's parameter groups (weight decay on
+   weight matrices only) and the linear start in a group of its own at a fraction of the
+   learning rate.
 3. After each epoch the validation loss decides: a better model is kept; on a plateau the best
    weights come back and the learning rate decays (the optimiser's moments restart); after
    `max_lr_decays` plateaus training stops. Epoch 0, the linear start, is a candidate too.
+   `max_epochs` and, when set, `max_train_seconds` (a wall-clock budget) end it earlier.
 
 bf16 autocast on CUDA, optional torch.compile, and DistributedDataParallel when launched by
 `torchrun` (nccl on GPU, gloo on CPU).

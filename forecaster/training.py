@@ -650,6 +650,18 @@ def train_model(
             )
             for callback in callbacks:
                 callback(history[-1])
+        if stale >= config.patience and not is_replay:
+            if decays >= config.max_lr_decays:
+                stopped_early = True
+                break
+            # A plateau: go back to the best weights and take smaller steps from there.
+            decays, stale = decays + 1, 0
+            lr_factor *= config.lr_decay
+            model.load_state_dict(best_state)
+            if average is not None:
+                average.reset()
+            del path[best_path:]
+            optimizer = _adamw(groups, config.learning_rate * lr_factor, device)
         if config.max_train_seconds is not None and not is_replay and epoch < n_epochs:
             longest = max(log.seconds for log in history)
             overrun = time.perf_counter() - clock + longest > config.max_train_seconds
@@ -664,18 +676,6 @@ def train_model(
                         longest,
                     )
                 break
-        if stale >= config.patience and not is_replay:
-            if decays >= config.max_lr_decays:
-                stopped_early = True
-                break
-            # A plateau: go back to the best weights and take smaller steps from there.
-            decays, stale = decays + 1, 0
-            lr_factor *= config.lr_decay
-            model.load_state_dict(best_state)
-            if average is not None:
-                average.reset()
-            del path[best_path:]
-            optimizer = _adamw(groups, config.learning_rate * lr_factor, device)
 
     if not (is_replay and best_epoch):
         model.load_state_dict(best_state)

@@ -61,23 +61,27 @@ SCRIPT = textwrap.dedent(
 EXIT_ABORT = "terminate called without an active exception"
 
 
-def test_two_ranks_shard_every_epoch_and_one_save_serves_both(tmp_path):
+def _torchrun(source: str, tmp_path: Path, *args: str) -> None:
+    """Run `source` as a script on two CPU ranks under torchrun; fail on a rank's error."""
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
+    script.write_text(source)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():
         pytest.skip("torchrun is not installed beside this Python")
-    result_file = tmp_path / "result.json"
     done = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc_per_node=2", str(script), str(tmp_path / "m")]
-        + [str(result_file)],
+        [str(torchrun), "--standalone", "--nproc_per_node=2", str(script), *args],
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert done.returncode == 0 or EXIT_ABORT in done.stderr, done.stderr[-3000:]
+
+
+def test_two_ranks_shard_every_epoch_and_one_save_serves_both(tmp_path):
+    result_file = tmp_path / "result.json"
+    _torchrun(SCRIPT, tmp_path, str(tmp_path / "m"), str(result_file))
     result = json.loads(result_file.read_text())  # written before any rank exits
     assert result["windows"] > 0 and result["overlap"] == [0, 0, 0]
 
@@ -119,19 +123,6 @@ BUDGET_SCRIPT = textwrap.dedent(
 
 
 def test_a_budget_that_runs_out_on_one_rank_stops_every_rank(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(BUDGET_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    torchrun = Path(sys.executable).with_name("torchrun")
-    if not torchrun.exists():
-        pytest.skip("torchrun is not installed beside this Python")
     result_file = tmp_path / "result.json"
-    done = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc_per_node=2", str(script), str(result_file)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0 or EXIT_ABORT in done.stderr, done.stderr[-3000:]
+    _torchrun(BUDGET_SCRIPT, tmp_path, str(result_file))
     assert json.loads(result_file.read_text()) == [[1, True], [1, True]]

@@ -104,10 +104,9 @@ def train(
 
     Logs to run ``run_id``: every model and train config value, package versions, the seed,
     the device, per epoch train loss, validation loss and learning rate, why training ended
-    (``training_ended``: its learning-rate decays, ``max_epochs`` or ``max_train_seconds``), and
-    how many readings
-    of the training data the glitch rule finds (`training_glitches`; listed in the artifact
-    ``data/training_glitches.csv`` when there are any).
+    (tag ``training_ended``: ``plateau``, ``max_epochs`` or ``out_of_time``), and how many
+    readings of the training data the glitch rule finds (`training_glitches`; listed in the
+    artifact ``data/training_glitches.csv`` when there are any).
     """
     forecaster = Forecaster(model_config, train_config)
     params = config_params(model_config, train_config)

@@ -14,7 +14,8 @@
    `max_epochs` and, when set, `max_train_seconds` (a wall-clock budget) end it earlier.
 
 bf16 autocast on CUDA, optional torch.compile, and DistributedDataParallel when launched by
-`torchrun` (nccl on GPU, gloo on CPU).
+`torchrun` (nccl on GPU, gloo on CPU). Batches are copied to a GPU from pinned memory, and
+the host reads nothing back from it between steps (the losses add up on the device).
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ CALIBRATION_MIN_TARGETS = 1_000
 _AT_LEVEL = 1e-9
 # Most longer validation windows cut short to calibrate a band that has too few of its own.
 CALIBRATION_WINDOWS = 16_384
+# Training steps between two readings of the running loss for the progress bar.
+PROGRESS_EVERY = 20
 
 
 @dataclass(frozen=True)
@@ -567,7 +570,9 @@ def train_model(
         passes = -(-needed // len(train.origins))
         order = np.concatenate([rng.permutation(train.origins) for _ in range(passes)])[:needed]
         shard = order[world.rank :: world.world_size]
-        running, seen = 0.0, 0
+        # Summed on the device: reading a loss every step would make the host wait for the
+        # GPU each step (the bar reads it every PROGRESS_EVERY steps, the epoch's end once).
+        running, seen = torch.zeros((), dtype=torch.float64, device=device), 0
         bar = tqdm(
             range(steps_per_epoch),
             desc=f"{'replay ' if is_replay else ''}epoch {epoch}/{n_epochs}",
@@ -607,11 +612,12 @@ def train_model(
             optimizer.step()
             if average is not None:
                 average.update()
-            running += loss.item()
+            running += loss.detach()
             seen += 1
-            bar.set_postfix(loss=f"{running / seen:.4f}")
+            if not bar.disable and seen % PROGRESS_EVERY == 0:
+                bar.set_postfix(loss=f"{running.item() / seen:.4f}")
         bar.close()
-        train_loss = _mean_across_ranks(running / max(seen, 1), world, device)
+        train_loss = _mean_across_ranks(running.item() / max(seen, 1), world, device)
         if is_replay and not math.isfinite(train_loss):
             # A replay keeps its last weights whatever they are: NaN ones would forecast NaN.
             raise TrainingDivergedError(

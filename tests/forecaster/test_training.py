@@ -88,6 +88,37 @@ def test_an_epoch_is_max_windows_per_epoch_windows_however_few_the_data_holds(se
         handle.remove()
 
 
+def test_an_epoch_reads_its_loss_off_the_device_once_not_every_step(series, monkeypatch):
+    """On a GPU each read of a loss makes the host wait for the device; the reported training
+    loss is still the mean of the epoch's step losses."""
+    step_losses: list[torch.Tensor] = []
+    reads = 0
+    window_loss, item = training.window_loss, torch.Tensor.item
+
+    def recorded(output, batch, config, weights=None):
+        loss, point = window_loss(output, batch, config, weights)
+        if weights is not None:  # training's call; validation passes no step weights
+            step_losses.append(loss.detach().clone())
+        return loss, point
+
+    def counted(tensor):
+        nonlocal reads
+        reads += 1
+        return item(tensor)
+
+    monkeypatch.setattr(training, "window_loss", recorded)
+    monkeypatch.setattr(torch.Tensor, "item", counted)
+    config = TrainConfig(
+        **{**TINY_TRAIN, "max_epochs": 1, "max_windows_per_epoch": 64 * 40, "tail_epochs": 0}
+    )
+    model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
+    assert len(step_losses) == 40
+    assert reads < 40
+    monkeypatch.undo()
+    expected = sum(loss.item() for loss in step_losses) / 40
+    assert model.train_result.epochs[0].train_loss == pytest.approx(expected, rel=1e-12)
+
+
 def test_callback_sees_every_epoch_and_best_weights_are_kept(series):
     logs: list[EpochLog] = []
     config = TrainConfig(**{**TINY_TRAIN, "max_epochs": 3, "patience": 3})

@@ -324,12 +324,13 @@ class TrainConfig:
     a model that cannot beat its linear start keeps the linear start.
     """
 
-    # Upper bound on epochs, a budget: large data sets (M4 Hourly, 414 series) can still
-    # improve slowly at 30 and reach the cap before the learning-rate decays end training. At
-    # up to 15.4 s an epoch on the 2-core CPU, 35 keeps M4 Hourly's fit under its 10-minute
-    # target; 40 would not (docs/model-choices.md). 0 trains nothing by gradient: the model
-    # is its closed-form linear start.
-    max_epochs: int = 35
+    # Upper bound on epochs, a budget: large data sets (M4 Hourly, 414 series) still improve
+    # slowly when they reach it, and its last `cooldown_share` anneals their rate. M4 Hourly's
+    # epochs took 12-30 s on the 2-core CPU from one day to the next; 20 epochs, cooled down
+    # over the last 4, keep its fit near 10 minutes on the slowest day seen and validate
+    # within 1 % of 35 without a cooldown (docs/model-choices.md). 0 trains nothing by
+    # gradient: the model is its closed-form linear start.
+    max_epochs: int = 20
     # Wall-clock budget in seconds for the judged epochs, counted from the start of training
     # (the linear start's fit included), as Lightning's `max_time`: no epoch starts that the
     # longest epoch so far says would end past it, and training ends as after its last
@@ -353,6 +354,14 @@ class TrainConfig:
     warmup_steps: int = 100
     # Factor applied to the learning rate, after restoring the best weights, on a plateau.
     lr_decay: float = 0.3
+    # Share of the `max_epochs` budget that cools down: its last int(share x max_epochs)
+    # epochs take the rate down linearly towards zero, epoch by epoch (K epochs at K/(K+1),
+    # ..., 1/(K+1) of the current rate), on top of the plateau's decays: warmup-stable-decay
+    # (MiniCPM; Hägele et al. 2024, who call it the cooldown). Without it a run that reaches
+    # the cap (M4 Hourly) stops at its full rate; runs that the plateau rule stops before the
+    # last share never reach it. Counted in epochs: a run that `max_train_seconds` cuts short
+    # may end before it. 0: no cooldown.
+    cooldown_share: float = 0.2
     # Plateaus tolerated before training stops. Two, not four: the last two decays (rates of
     # 0.027 and 0.008 of the peak) gained at most 0.2 % of validation loss, and patience 2
     # needs their epochs for the full rate (docs/model-choices.md).
@@ -363,11 +372,16 @@ class TrainConfig:
     # 29 epochs (docs/model-choices.md).
     patience: int = 2
     # Refit: one epoch per factor at learning_rate x factor on every window, with no
-    # validation, early stopping or restores (a factor change starts fresh AdamW moments, as a
-    # restore does); an empty tuple is the linear start alone, fitted on every window. An
-    # evaluated run's TrainResult.kept_lr_factors replays the path that led to its best
-    # weights, so a model refit on all data trains as far as validation said. None: not a refit.
+    # validation, early stopping or restores; an empty tuple is the linear start alone, fitted
+    # on every window. An evaluated run's TrainResult.kept_lr_factors replays the path that
+    # led to its best weights, so a model refit on all data trains as far as validation said.
+    # None: not a refit.
     replay_lr_factors: tuple[float, ...] | None = None
+    # With replay_lr_factors: the epochs (0-based, in the factors) that start fresh AdamW
+    # moments, as the evaluated run did after each restore (TrainResult.kept_restarts). None:
+    # wherever the factor changes (a replay logged before the cooldown, whose factors changed
+    # only at restores).
+    replay_restarts: tuple[int, ...] | None = None
     # When `fit` holds the validation tail out of the data itself (no `val_df`), the kept
     # weights then train this many more epochs on every window, the tail's included, at the
     # last learning rate of their path: the tail is each series' most recent data (at least
@@ -576,6 +590,7 @@ class TrainConfig:
             self.max_windows_per_epoch,
         )
         _check(self.tail_epochs >= 0, "tail_epochs", ">= 0", self.tail_epochs)
+        _check(0 <= self.cooldown_share < 1, "cooldown_share", "in [0, 1)", self.cooldown_share)
         _check(self.max_val_windows >= 0, "max_val_windows", ">= 0", self.max_val_windows)
         _check(self.predict_batch_size >= 1, "predict_batch_size", ">= 1", self.predict_batch_size)
         if self.replay_lr_factors is not None:
@@ -587,6 +602,14 @@ class TrainConfig:
                 self.replay_lr_factors,
             )
             object.__setattr__(self, "replay_lr_factors", factors)
+        if self.replay_restarts is not None:
+            _check(
+                all(r >= 0 for r in self.replay_restarts),
+                "replay_restarts",
+                "None or epoch indices >= 0",
+                self.replay_restarts,
+            )
+            object.__setattr__(self, "replay_restarts", tuple(self.replay_restarts))
 
 
 def config_to_dict(config: ModelConfig | TrainConfig) -> dict[str, Any]:

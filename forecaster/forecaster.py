@@ -332,6 +332,7 @@ class Forecaster:
         return dataclasses.replace(
             self.train_config,
             replay_lr_factors=result.kept_lr_factors,
+            replay_restarts=result.kept_restarts,
             max_epochs=0,
             interval_scale=result.interval_scale,
             impute_padding=result.impute_padding,
@@ -349,6 +350,7 @@ class Forecaster:
         more = dataclasses.replace(
             config,
             replay_lr_factors=(judged.kept_lr_factors[-1],) * config.tail_epochs,
+            replay_restarts=(),
             max_epochs=0,
             interval_scale=judged.interval_scale,
             impute_padding=judged.impute_padding,

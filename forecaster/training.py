@@ -11,7 +11,9 @@
 3. After each epoch the validation loss decides: a better model is kept; on a plateau the best
    weights come back and the learning rate decays (the optimiser's moments restart); after
    `max_lr_decays` plateaus training stops. Epoch 0, the linear start, is a candidate too.
-   `max_epochs` and, when set, `max_train_seconds` (a wall-clock budget) end it earlier.
+   `max_epochs` and, when set, `max_train_seconds` (a wall-clock budget) end it earlier; the
+   last `cooldown_share` of the `max_epochs` budget takes the rate linearly towards zero, so
+   a run that reaches the cap ends annealed (warmup-stable-decay).
 
 bf16 autocast on CUDA, optional torch.compile, and DistributedDataParallel when launched by
 `torchrun` (nccl on GPU, gloo on CPU). Batches are copied to a GPU from pinned memory, and
@@ -128,6 +130,9 @@ class TrainResult:
     # Learning-rate factor of each epoch on the path to the kept weights (restored-away epochs
     # left out): TrainConfig(replay_lr_factors=...) retrains along the same path.
     kept_lr_factors: tuple[float, ...] = ()
+    # The epochs of that path (0-based) that started fresh AdamW moments after a restore:
+    # TrainConfig(replay_restarts=...) restarts them there too.
+    kept_restarts: tuple[int, ...] = ()
     # Factors on the quantiles' offsets from the point forecast, one per band of history
     # (see calibrate_intervals).
     interval_scale: tuple[float, ...] = (1.0,) * N_HISTORY_BANDS
@@ -394,6 +399,13 @@ def window_loss(
 # the loop
 
 
+def cooldown(epoch: int, n_epochs: int, config: TrainConfig) -> float:
+    """The factor on the rate of `epoch` (1-based) of an `n_epochs` budget: 1, then over the
+    budget's last K = int(cooldown_share x n_epochs) epochs K/(K+1), ..., 1/(K+1)."""
+    cooling = int(config.cooldown_share * n_epochs)
+    return min(1.0, (n_epochs - epoch + 1) / (cooling + 1))
+
+
 def _parameter_groups(model: PatchTransformer, config: TrainConfig) -> list[dict]:
     """nanoGPT's grouping: decay weight matrices only; the linear start on its own."""
     decay, no_decay, linear = [], [], []
@@ -554,6 +566,7 @@ def train_model(
     replay = config.replay_lr_factors
     is_replay = replay is not None
     path: list[float] = []  # lr factor of each epoch the current weights went through
+    restarts: list[int] = []  # positions in path that started fresh AdamW moments
     best_path = 0  # len(path) when the best weights were taken
     started = time.perf_counter()
     stopped_early = out_of_time = False
@@ -561,10 +574,14 @@ def train_model(
     for epoch in range(1, n_epochs + 1):
         epoch_started = time.perf_counter()
         if is_replay:
-            if epoch > 1 and replay[epoch - 1] != lr_factor:  # as after a restore
+            given = config.replay_restarts
+            restart = replay[epoch - 1] != lr_factor if given is None else epoch - 1 in given
+            if epoch > 1 and restart:  # as after a restore
                 optimizer = _adamw(groups, config.learning_rate, device)
             lr_factor = replay[epoch - 1]
-        path.append(lr_factor)
+        # A replay's factors hold the cooldown already.
+        rate = lr_factor if is_replay else lr_factor * cooldown(epoch, n_epochs, config)
+        path.append(rate)
         model.train()
         needed = steps_per_epoch * config.batch_size * world.world_size
         passes = -(-needed // len(train.origins))
@@ -582,7 +599,7 @@ def train_model(
         for batch_index in bar:
             step += 1
             warmup = min(1.0, step / warmup_steps) if warmup_steps else 1.0
-            learning_rate = config.learning_rate * lr_factor * warmup
+            learning_rate = config.learning_rate * rate * warmup
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate * group["lr_scale"]
             origins = shard[batch_index * config.batch_size : (batch_index + 1) * config.batch_size]
@@ -640,7 +657,7 @@ def train_model(
                 epoch,
                 train_loss,
                 val_loss,
-                config.learning_rate * lr_factor,
+                config.learning_rate * rate,
                 time.perf_counter() - epoch_started,
                 is_best,
             )
@@ -651,7 +668,7 @@ def train_model(
                 epoch,
                 train_loss,
                 "n/a" if val_loss is None else f"{val_loss:.5f}",
-                config.learning_rate * lr_factor,
+                config.learning_rate * rate,
                 history[-1].seconds,
             )
             for callback in callbacks:
@@ -667,6 +684,7 @@ def train_model(
             if average is not None:
                 average.reset()
             del path[best_path:]
+            restarts = [r for r in restarts if r < best_path] + [best_path]
             optimizer = _adamw(groups, config.learning_rate * lr_factor, device)
         if config.max_train_seconds is not None and not is_replay and epoch < n_epochs:
             longest = max(log.seconds for log in history)
@@ -719,6 +737,7 @@ def train_model(
         linear_start_ridge=None if start is None else start.ridge,
         linear_start_prior=None if start is None else start.prior,
         kept_lr_factors=tuple(path[:best_path]),
+        kept_restarts=tuple(r for r in restarts if r < best_path),
         interval_scale=interval_scale,
         impute_padding=impute_padding,
     )

@@ -575,6 +575,8 @@ def test_invalid_config_says_expected_and_actual(tiny_config, field, value, mess
         (TrainConfig, "max_train_seconds", 0.0, "None or > 0"),
         (TrainConfig, "max_train_seconds", "600", "a finite number"),
         (TrainConfig, "compile", "false", "true or false"),
+        (TrainConfig, "cooldown_share", 1.0, r"in \[0, 1\)"),  # no stable phase left
+        (TrainConfig, "replay_restarts", (2, -1), "None or epoch indices >= 0"),
         (TrainConfig, "seed", -1, r"in \[0, 2\*\*32\)"),
         (TrainConfig, "seed", None, "an integer"),
         (TrainConfig, "device", "gpu", "auto, cpu, cuda, cuda:N or mps"),

@@ -269,7 +269,41 @@ def test_the_kept_path_holds_the_stale_epochs_before_a_later_best(series, monkey
     ]
     assert result.stopped_early and result.best_epoch == 6 and result.best_val_loss == 0.7
     assert result.kept_lr_factors == (1.0, 1.0, 1.0, 0.3)
+    assert result.kept_restarts == (3,)  # the second restore's epochs were restored away
     assert next(scripted, None) is None  # every scripted loss was read, none more
+
+
+def test_a_run_that_reaches_the_cap_cools_down_and_its_refit_replays_the_restarts(
+    series, monkeypatch
+):
+    """The last cooldown_share of the epoch budget takes the rate down towards zero on top
+    of the plateau's decays; a refit replays the rates and starts fresh AdamW moments only
+    where the evaluated run did (after its restore), not at each step of the cooldown."""
+    scripted = iter(
+        # epoch 0, 1-2 best, 3-4 stale (restore to 2, rate x 0.3), 5-10 best
+        [1.0, 0.9, 0.8, 0.85, 0.86, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]
+    )
+    monkeypatch.setattr(training, "evaluate_loss", lambda *args, **kwargs: next(scripted))
+    config = TrainConfig(
+        **{**TINY_TRAIN, "max_epochs": 10, "cooldown_share": 0.3, "tail_epochs": 0}
+    )
+    model_config = ModelConfig(**TINY_MODEL)
+    evaluated = Forecaster(model_config, config).fit(series, val_df=series)
+    result = evaluated.train_result
+    rates = [round(e.learning_rate / config.learning_rate, 6) for e in result.epochs]
+    # int(0.3 x 10) = 3 cooling epochs at 3/4, 2/4 and 1/4 of the plateau's rate
+    assert rates == [1.0] * 4 + [0.3] * 3 + [0.225, 0.15, 0.075]
+    assert result.best_epoch == 10 and not result.stopped_early
+    assert result.kept_lr_factors == pytest.approx((1.0, 1.0, 0.3, 0.3, 0.3, 0.225, 0.15, 0.075))
+    assert result.kept_restarts == (2,)
+
+    created = []
+    adamw = training._adamw
+    monkeypatch.setattr(training, "_adamw", lambda *args: created.append(1) or adamw(*args))
+    refit = Forecaster(model_config, evaluated.refit_config()).fit(series)
+    replayed = [e.learning_rate / config.learning_rate for e in refit.train_result.epochs]
+    assert replayed == pytest.approx(result.kept_lr_factors)
+    assert len(created) == 2  # the first epoch's optimiser and the restart at epoch index 2
 
 
 def test_fit_trains_the_kept_weights_on_the_held_out_tail_too(series):

@@ -248,6 +248,33 @@ def test_series_laid_end_to_end_are_each_read_alone(monkeypatch):
     assert not series_glitches(values, offsets, None).any()
 
 
+def test_contexts_read_from_their_first_observation_find_what_whole_rows_do(monkeypatch):
+    """`mask_glitches` skips each row's left padding and groups rows by width; it masks what
+    `glitch_mask` finds reading every row whole, whatever the padding holds, for rows
+    as short as one observed step and rows with nothing observed."""
+    rng = np.random.default_rng(2)
+    length, rows = 24 * 14, []
+    for k, n in enumerate([0, 1, 2, 3, 5, 30, 40, 150, 200, 335, length, length]):
+        values = np.full(length, np.nan)
+        values[length - n :] = _noisy_daily_cycle(n, seed=k)
+        if n:
+            values[length - n + rng.choice(n, size=1 + n // 60, replace=False)] *= 10
+        values[rng.random(length) < 0.05] = np.nan
+        rows.append(values)
+    rows[4][-3] = 0.0  # a zero far out of its short row's range
+    values = torch.tensor(np.stack(rows))
+    observed = ~values.isnan()
+    expected = glitch_mask(values, observed, **RULE, season=24)
+    assert expected.sum() >= 5
+    values = torch.where(observed, values, torch.tensor(rng.normal(0, 1e6, values.shape)))
+    for steps_at_once in [1 << 20, 400, 1]:
+        monkeypatch.setattr(glitches, "_STEPS_AT_ONCE", steps_at_once)
+        kept = mask_glitches(
+            values, observed, RULE["threshold"], 24, RULE["seasonal_factor"], RULE["zero_ratio"]
+        )
+        assert torch.equal(kept, observed & ~expected)
+
+
 def _with_glitch(series: pd.DataFrame, value: float) -> pd.DataFrame:
     """`series` with one reading, ten steps before the end of the first series, replaced."""
     first = series["unique_id"] == series["unique_id"].iloc[0]

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from forecaster import Forecaster, ModelConfig, TrainConfig
 from forecaster import forecaster as forecaster_module
-from forecaster.config import N_HISTORY_BANDS
+from forecaster.config import N_HISTORY_BANDS, config_from_dict, config_to_dict
 from forecaster.data import load_frame
 from forecaster.errors import (
     AmbiguousSeriesIdsError,
@@ -224,6 +224,22 @@ def test_a_config_of_the_wrong_kind_is_named(args, named):
     """They failed later with "'dict' object has no attribute 'covariates'"."""
     with pytest.raises(InvalidConfigError, match=named):
         Forecaster(*args)
+
+
+@pytest.mark.parametrize(
+    ("prediction_length", "context_length"),
+    [(1, 96), (13, 96), (14, 98), (18, 126), (48, 336), (96, 336), (720, 336)],
+)
+def test_the_default_context_is_seven_horizons_within_96_and_336_steps(
+    prediction_length, context_length
+):
+    """Daily data forecast 14 days ahead reads 98 days, not 336 (README, Daily data); M4
+    Hourly (48) and the long horizons read 336 as before; a short horizon keeps 96 steps."""
+    config = ModelConfig(prediction_length=prediction_length)
+    assert config.context_length == context_length
+    assert config_from_dict(ModelConfig, config_to_dict(config)) == config
+    given = ModelConfig(prediction_length=prediction_length, context_length=500)
+    assert given.context_length == 500
 
 
 def test_an_interrupted_save_leaves_the_model_saved_before(fitted, series, tmp_path, monkeypatch):

@@ -993,7 +993,8 @@ def test_attention_of_yearly_data_whose_padded_context_precedes_1677():
     history = pd.concat(
         pd.DataFrame({"unique_id": f"s{i}", "ds": ds, "y": np.arange(60.0) + i}) for i in range(3)
     )
-    model = Forecaster(ModelConfig(prediction_length=6), TrainConfig(max_epochs=0, progress=False))
+    config = ModelConfig(prediction_length=6, context_length=336)
+    model = Forecaster(config, TrainConfig(max_epochs=0, progress=False))
     maps = model.fit(history).attention(history)
     assert maps.context_starts == [None, None, None]
     assert np.isfinite(maps.cross[0]).all()

@@ -37,6 +37,7 @@ from sklearn.preprocessing import StandardScaler
 from benchmarks.overrides import add_set_option, overrides_of
 from benchmarks.peers import MAX_STEPS, neuralforecast_model
 from forecaster import Forecaster, ModelConfig, TrainConfig
+from forecaster.config import MAX_DEFAULT_CONTEXT
 from forecaster.data import wide_to_long
 from forecaster.explain import LABELS, PARTS, attention_summary, uniform_attention
 from forecaster.metrics import coverage
@@ -397,7 +398,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--horizon", type=int, action="append", help="repeatable; default 96 192 336 720"
     )
-    parser.add_argument("--lookback", type=int, default=ModelConfig().context_length)
+    parser.add_argument(
+        "--lookback",
+        type=int,
+        default=MAX_DEFAULT_CONTEXT,
+        help="the protocol's lookback L, the model's context; default 336, what the model reads "
+        "by default at every horizon from 48 steps",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one run per seed")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--json", type=Path, help="write the results here")

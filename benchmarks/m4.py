@@ -699,7 +699,9 @@ def main(argv: list[str] | None = None) -> int:
     naive2_forecast = naive2(split)
     reference = group.naive2 or errors(split, naive2_forecast)
     mode = "test file" if args.test else f"holdout (last {horizon} points of each series)"
+    # As fit will resolve it for this group's data: the context the damaged histories are cut to.
     model_config = ModelConfig(**{**overrides["model"], "prediction_length": horizon})
+    model_config = model_config.for_frequency(group.freq)
     if args.short_and_gappy:
         split = short_and_gappy(split, model_config.context_length)
         mode += ", a third of the histories cut short, 5% of points missing"

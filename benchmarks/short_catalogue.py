@@ -7,7 +7,7 @@ The data is synthetic and seeded (no yearly or weekly data set ships with the pr
 - annual (default): 600 series with lengths log-normal around 29 points (13 to 300, as in M4
   Yearly), each a random walk in logs whose drift itself wanders (a damped local trend) with
   noise of 2-12 % a year; horizon 6 (M4 Yearly's).
-- weekly: 360 series, a third of them shorter than the default context plus the horizon (20
+- weekly: 360 series, a third of them shorter than a 336-week context plus the horizon (20
   to 348 weeks, the others 349 to 900), a local level in logs with a small trend, a yearly
   cycle of 52.18 weeks (not a whole number of steps, as in real weekly data) of up to 30 % and
   noise of 3-15 %; horizon 13 (M4 Weekly's).
@@ -86,7 +86,7 @@ def make_weekly_catalogue(seed: int = 0) -> tuple[list[np.ndarray], pd.DataFrame
     h = WEEKLY_HORIZON
     series, frames = [], []
     for i in range(WEEKLY_SERIES):
-        short = rng.integers(20, 349)  # shorter than the default context (336) + horizon
+        short = rng.integers(20, 349)  # shorter than a context of 336 + the horizon
         n = int(rng.choice([short, rng.integers(349, 900)], p=[1 / 3, 2 / 3])) + h
         t = np.arange(n)
         season = rng.uniform(0, 0.3) * np.sin(2 * np.pi * t / 52.18 + rng.uniform(0, 2 * np.pi))

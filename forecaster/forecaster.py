@@ -56,10 +56,8 @@ from forecaster.model import PatchTransformer
 from forecaster.outputs import AttentionMaps, ForecastArrays, ModelOutput, no_glitches
 from forecaster.time_axis import (
     parse_freq,
-    patch_length_for,
     regular_range,
     same_clock,
-    season_length,
     shift,
     steps_after,
     wall_clock_for,
@@ -171,7 +169,8 @@ class Forecaster:
                     field=name,
                 )
         self.model_config = model_config or ModelConfig()
-        # As given: each fit resolves what it leaves None (patch, season) from its own data.
+        # As given: each fit resolves what it leaves None (context, patch, season) from its own
+        # data (`ModelConfig.for_frequency`).
         self._given_model_config = self.model_config
         self.train_config = train_config or TrainConfig()
         self.device = resolve_device(self.train_config.device)
@@ -202,7 +201,9 @@ class Forecaster:
 
     @property
     def context_length(self) -> int:
-        """Points of history the model reads; more are ignored, fewer are padded."""
+        """Points of history the model reads; more are ignored, fewer are padded. Set by fit
+        when the configuration leaves it to the data."""
+        assert self.model_config.context_length is not None, "set by fit"
         return self.model_config.context_length
 
     @property
@@ -251,10 +252,7 @@ class Forecaster:
         mc = self._given_model_config
         train = validate_long_frame(df, covariates=mc.covariates, allow_missing=True).in_id_order()
         freq = train.freq
-        if mc.patch_length is None:
-            mc = dataclasses.replace(mc, patch_length=patch_length_for(freq))
-        if mc.season_length is None:
-            mc = dataclasses.replace(mc, season_length=season_length(freq))
+        mc = mc.for_frequency(freq)
         glitches = self._glitches(train, mc)
         masked = self.train_config.mask_training_glitches
         panel = SeriesPanel.from_validated(train, mc, glitches if masked else None)

@@ -35,6 +35,7 @@ from mlflow.entities import RunStatus
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from forecaster import ModelConfig
 from forecaster.errors import ForecasterInputError
 from pipelines import tracking
 from pipelines.evaluate import Evaluation, evaluate
@@ -171,9 +172,11 @@ def unchanged(client: MlflowClient, settings: PipelineSettings, inputs: str) -> 
     return Unchanged(version, champion_version, reason)
 
 
-def _plan(settings: PipelineSettings) -> SplitPlan:
+def _plan(settings: PipelineSettings, model_config: ModelConfig) -> SplitPlan:
+    """The split for ``model_config`` resolved for the data (``ModelConfig.for_frequency``):
+    the history in front of validation and test is the context the model will read."""
     return SplitPlan.from_config(
-        settings.model_config_obj(),
+        model_config,
         val_length=settings.resolved_val_length,
         backtest_windows=settings.backtest_windows,
     )
@@ -193,7 +196,8 @@ def load_data(
             "no data source: pass --data PATH or set FORECASTER_DATA / `data:` in the config",
             field="data",
         )
-    plan = _plan(settings)
+    # The length a series needs does not depend on the context, which the frequency may set.
+    plan = _plan(settings, settings.model_config_obj().for_frequency(None))
     return ingest(
         source,
         covariates=settings.model_config_obj().covariates,
@@ -322,11 +326,14 @@ def train_and_register(
     `PipelineRun.log_data`); alias `challenger`."""
     client = run.client
     inputs = training_inputs(settings, data.fingerprint)
-    parts = split(data.frame, _plan(settings))
+    # Resolved once for this data, so that the split hands the model the history it reads and
+    # the run's params show the context, patch and season it trained with.
+    model_config = settings.model_config_obj().for_frequency(data.freq)
+    parts = split(data.frame, _plan(settings, model_config))
     log_params(client, run.run_id, parts.as_params())
     outcome = train(
         parts,
-        settings.model_config_obj(),
+        model_config,
         settings.train_config_obj(),
         client=client,
         run_id=run.run_id,

@@ -58,6 +58,8 @@ class SplitPlan:
     def from_config(
         cls, model_config: ModelConfig, *, val_length: int, backtest_windows: int
     ) -> SplitPlan:
+        """The plan for ``model_config`` resolved for the data (``ModelConfig.for_frequency``)."""
+        assert model_config.context_length is not None, "resolve the config for the data first"
         return cls(
             context_length=model_config.context_length,
             horizon=model_config.prediction_length,

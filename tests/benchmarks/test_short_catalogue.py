@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks import short_catalogue
-from forecaster import ModelConfig
+from forecaster.config import MAX_DEFAULT_CONTEXT
 
 
 def test_catalogue_is_seeded_and_mostly_short():
@@ -17,7 +17,7 @@ def test_catalogue_is_seeded_and_mostly_short():
     assert all(np.array_equal(a, b) for a, b in zip(series, again, strict=True))
     lengths = history.groupby("unique_id").size()
     assert len(lengths) == short_catalogue.N_SERIES
-    assert lengths.min() >= 13 and (lengths < ModelConfig().context_length).mean() > 0.99
+    assert lengths.min() >= 13 and (lengths < MAX_DEFAULT_CONTEXT).mean() > 0.99
 
 
 def test_tiny_run_beats_naive(tmp_path, capsys):
@@ -39,7 +39,7 @@ def test_weekly_catalogue_has_a_third_shorter_than_context_and_horizon():
     series, history = short_catalogue.make_weekly_catalogue()
     lengths = history.groupby("unique_id").size()
     assert len(lengths) == short_catalogue.WEEKLY_SERIES
-    short = (lengths < ModelConfig().context_length + short_catalogue.WEEKLY_HORIZON).mean()
+    short = (lengths < MAX_DEFAULT_CONTEXT + short_catalogue.WEEKLY_HORIZON).mean()
     assert 0.25 < short < 0.42
     assert pd.infer_freq(history.loc[history["unique_id"] == "W0", "ds"]) == "W-SUN"
     assert all(

@@ -227,19 +227,45 @@ def test_a_config_of_the_wrong_kind_is_named(args, named):
 
 
 @pytest.mark.parametrize(
-    ("prediction_length", "context_length"),
-    [(1, 96), (13, 96), (14, 98), (18, 126), (48, 336), (96, 336), (720, 336)],
+    ("freq", "prediction_length", "context_length"),
+    [
+        ("h", 1, 96),
+        ("h", 13, 96),
+        ("D", 14, 98),
+        ("MS", 18, 126),
+        ("h", 48, 336),
+        ("h", 96, 336),
+        ("h", 720, 336),
+        ("W-SUN", 13, 156),
+        ("15min", 12, 288),
+        ("5min", 12, 336),
+    ],
 )
-def test_the_default_context_is_seven_horizons_within_96_and_336_steps(
-    prediction_length, context_length
+def test_the_default_context_is_seven_horizons_and_three_seasons_within_96_and_336_steps(
+    freq, prediction_length, context_length
 ):
-    """Daily data forecast 14 days ahead reads 98 days, not 336 (README, Daily data); M4
-    Hourly (48) and the long horizons read 336 as before; a short horizon keeps 96 steps."""
+    """Daily data forecast 14 days ahead reads 98 days, not 336 (README, Daily data); weekly
+    data a quarter ahead three years (README, Short histories); M4 Hourly (48) and the long
+    horizons read 336 as before; a short horizon keeps 96 steps."""
     config = ModelConfig(prediction_length=prediction_length)
-    assert config.context_length == context_length
+    assert config.context_length is None  # left to the data, like the patch and the season
     assert config_from_dict(ModelConfig, config_to_dict(config)) == config
+    resolved = config.for_frequency(freq)
+    assert resolved.context_length == context_length
+    assert config_from_dict(ModelConfig, config_to_dict(resolved)) == resolved
     given = ModelConfig(prediction_length=prediction_length, context_length=500)
-    assert given.context_length == 500
+    assert given.for_frequency(freq).context_length == 500
+
+
+def test_fit_reads_the_context_the_data_frequency_resolves(series):
+    """A weekly catalogue trains and forecasts from three years, an hourly one from 96 hours
+    at a short horizon; the saved config holds the number."""
+    weekly = generate_synthetic(n_series=4, n_steps=200, freq="W-SUN", seed=0)
+    model = {**TINY_MODEL, "context_length": None}
+    for frame, expected in ((weekly, 156), (series, 96)):
+        fitted = Forecaster(ModelConfig(**model), TrainConfig(**TINY_TRAIN)).fit(frame)
+        assert fitted.context_length == expected
+        assert fitted.predict(frame).groupby("unique_id").size().eq(8).all()
 
 
 def test_an_interrupted_save_leaves_the_model_saved_before(fitted, series, tmp_path, monkeypatch):

@@ -48,6 +48,8 @@ def test_the_run_holds_params_learning_curves_metrics_and_artifacts(champion_sto
     assert run.info.status == "FINISHED"
     params = run.data.params
     assert params["model.context_length"] == "48"
+    # Left to the data by the settings, logged as the hourly data resolved it.
+    assert params["model.season_length"] == "24"
     assert params["train.seed"] == params["seed"] == "0"
     assert params["device"] == "cpu"
     assert params["data.fingerprint"] == result.fingerprint

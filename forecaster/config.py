@@ -123,8 +123,8 @@ def default_context_length(prediction_length: int, season_length: int = 1) -> in
     long-horizon benchmarks) keep a daily cycle and a season of days in view for H < 14.
     Three cycles reach past 96 steps for weekly data (156 weeks) and for sub-hourly data
     (15-minute data: three days, 288 steps): weekly series forecast a quarter ahead validated
-    1.3-1.6 % better from three years than from 96 weeks, level with 336 (README, Short
-    histories).
+    1.3-1.5 % better from three years than from 96 weeks, level with 336 (README, Short
+    catalogues).
     """
     seasons = CONTEXT_SEASONS * season_length
     wanted = max(CONTEXT_HORIZONS * prediction_length, seasons, MIN_DEFAULT_CONTEXT)
@@ -325,9 +325,9 @@ class ModelConfig:
         patch, the seasonal period, and the context from both (`default_context_length`).
         Fit trains what this returns; a data split that hands the model its history asks it
         how long that history is."""
-        season = season_length(freq) if freq is not None else 1
-        if self.season_length is not None:
-            season = self.season_length
+        season = self.season_length
+        if season is None:
+            season = season_length(freq) if freq is not None else 1
         context = self.context_length
         if context is None:
             context = default_context_length(self.prediction_length, season)

@@ -245,7 +245,7 @@ def test_the_default_context_is_seven_horizons_and_three_seasons_within_96_and_3
     freq, prediction_length, context_length
 ):
     """Daily data forecast 14 days ahead reads 98 days, not 336 (README, Daily data); weekly
-    data a quarter ahead three years (README, Short histories); M4 Hourly (48) and the long
+    data a quarter ahead three years (README, Short catalogues); M4 Hourly (48) and the long
     horizons read 336 as before; a short horizon keeps 96 steps."""
     config = ModelConfig(prediction_length=prediction_length)
     assert config.context_length is None  # left to the data, like the patch and the season
@@ -257,7 +257,7 @@ def test_the_default_context_is_seven_horizons_and_three_seasons_within_96_and_3
     assert given.for_frequency(freq).context_length == 500
 
 
-def test_fit_reads_the_context_the_data_frequency_resolves(series):
+def test_fit_reads_the_context_the_data_frequency_resolves(series, tmp_path):
     """A weekly catalogue trains and forecasts from three years, an hourly one from 96 hours
     at a short horizon; the saved config holds the number."""
     weekly = generate_synthetic(n_series=4, n_steps=200, freq="W-SUN", seed=0)
@@ -266,6 +266,8 @@ def test_fit_reads_the_context_the_data_frequency_resolves(series):
         fitted = Forecaster(ModelConfig(**model), TrainConfig(**TINY_TRAIN)).fit(frame)
         assert fitted.context_length == expected
         assert fitted.predict(frame).groupby("unique_id").size().eq(8).all()
+        fitted.save(tmp_path / str(expected))
+        assert Forecaster.load(tmp_path / str(expected)).context_length == expected
 
 
 def test_an_interrupted_save_leaves_the_model_saved_before(fitted, series, tmp_path, monkeypatch):

@@ -24,8 +24,8 @@ from forecaster.time_axis import CALENDAR_FEATURES, patch_length_for, season_len
 
 Loss = Literal["mae", "mse", "huber"]
 LOSSES = ("mae", "mse", "huber")
-LossUnit = Literal["rms", "std"]
-LOSS_UNITS = ("rms", "std")
+LossUnit = Literal["rms", "std", "rms_mase"]
+LOSS_UNITS = ("rms", "std", "rms_mase")
 NaiveBlend = Literal["gates", "softmax"]
 NAIVE_BLENDS = ("gates", "softmax")
 BandUnit = Literal["level", "std"]
@@ -198,6 +198,8 @@ class ModelConfig:
     # where it has one and its spread where it is centred on zero, so errors count relative to
     # the level, as sMAPE counts them (M4 Hourly holdout OWA, README design). "std": its spread
     # alone, as MASE counts; for data whose zero is arbitrary (temperatures in kelvin).
+    # "rms_mase": the geometric mean of the RMS and MASE's own scale, the in-sample error of
+    # the seasonal naive forecast, so both halves of OWA weigh (docs/model-choices.md).
     loss_unit: LossUnit = "rms"
     # Horizon step h weighs h ** -horizon_weight_decay in the training loss (normalised to a
     # mean of 1): near steps carry more signal (CARD's signal-decay loss). 0 weighs all alike.

@@ -544,7 +544,7 @@ def test_linear_start_ridge_is_judged_by_the_validation_loss(tiny_config, loss, 
         # Both 'q0.1': one trained level's column silently replaced the other's.
         ("quantiles", (0.1, 0.1000001), "quantiles: expected levels whose forecast columns"),
         ("loss", "rmse", "loss: expected mae or mse or huber, got 'rmse'"),
-        ("loss_unit", "mad", "loss_unit: expected rms or std, got 'mad'"),
+        ("loss_unit", "mad", "loss_unit: expected rms or std or rms_mase, got 'mad'"),
         ("naive_blend", "relu", "naive_blend: expected gates or softmax, got 'relu'"),
         ("horizon_dropout", 1.0, "horizon_dropout: expected in [0, 1), got 1.0"),
         # Once a RuntimeError on allocating 400 TB, after the data was read.

@@ -135,6 +135,23 @@ def test_series_scales_count_errors_relative_to_the_level_or_to_the_spread():
     np.testing.assert_allclose(series_scales(values, offsets, "std"), [1, 2, 1])
 
 
+def test_rms_mase_scales_are_the_geometric_mean_of_the_rms_and_the_seasonal_change():
+    """MASE's scale is the mean absolute change over a season between observed values, over
+    one step where a series holds no more than a season and a step; a series that never
+    changes keeps its RMS."""
+    seasonal = np.array([100.0, 110.0, 102.0, np.nan, 104.0, 114.0])  # changes 2, 2 (lag 2)
+    short = np.array([10.0, 13.0, 12.0])  # 3 points, season 2: changes 3, 1 (lag 1)
+    constant = np.full(4, 5.0)
+    values = np.concatenate([seasonal, short, constant])
+    offsets = np.cumsum([0, len(seasonal), len(short), len(constant)])
+    rms = series_scales(values, offsets, "rms")
+    scales = series_scales(values, offsets, "rms_mase", season=2)
+    np.testing.assert_allclose(scales, [np.sqrt(rms[0] * 2), np.sqrt(rms[1] * 2), rms[2]])
+    # Over a season of one step, the first series' changes are 10, 8 and 10.
+    one_step = series_scales(values, offsets, "rms_mase", season=1)
+    np.testing.assert_allclose(one_step[0], np.sqrt(rms[0] * 28 / 3))
+
+
 def test_training_windows_run_past_a_series_end_with_those_targets_unobserved():
     """A series shorter than a horizon trains, and a short one trains on contexts as long as
     the history it is forecast from, less one step; no window reads the next series."""

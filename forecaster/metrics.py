@@ -68,17 +68,50 @@ def _smape_terms(y: np.ndarray, y_hat: np.ndarray) -> np.ndarray:
 
 
 def mase_scale(y_insample: np.ndarray, season_length: int) -> float:
-    """In-sample MAE of the seasonal-naive forecast (lag 1 when the history is too short).
+    """In-sample MAE of the seasonal-naive forecast of one series (`panel_mase_scales`).
 
-    NaN when there is no scale: fewer than two points, or a history that repeats itself
-    (`_with_scale`).
+    NaN when there is no scale: fewer than two points, or a history that repeats itself.
     """
     y_insample = np.asarray(y_insample, dtype=np.float64).reshape(-1)
-    m = season_length if y_insample.size > season_length else 1
-    if y_insample.size <= m:
-        return float("nan")
-    scale = _mean(np.abs(y_insample[m:] - y_insample[:-m]))
-    return float(_with_scale(np.array([scale]), np.array([_mean(np.abs(y_insample))]))[0])
+    return float(panel_mase_scales(y_insample, np.array([0, y_insample.size]), season_length)[0])
+
+
+def panel_mase_scales(
+    values: np.ndarray, offsets: np.ndarray, season_length: int, seasonal_only: bool = False
+) -> np.ndarray:
+    """(n_series,) MASE's scale of each series of a panel laid end to end: the mean absolute
+    difference between observed values `season_length` steps apart.
+
+    `values` is (T,) float64 with NaN where a step is not observed, and `offsets` (n_series + 1,)
+    the start of each series in it; a step is a row, so the differences follow time only when
+    each series is in time order on its grid. A series of `season_length` points or fewer is
+    scaled by its one-step differences, or has no scale with `seasonal_only`. NaN where there
+    is no scale: no difference between two observed values, or differences that are rounding
+    of the series' level (a history that repeats itself, `_with_scale`). The one definition
+    behind the metric (`mase_scale`, `mase_scales`) and the training loss unit
+    (`forecaster.windows.series_scales`).
+    """
+    values = np.asarray(values, dtype=np.float64)
+    n_series = len(offsets) - 1
+    lengths = np.diff(offsets)
+    codes = np.repeat(np.arange(n_series), lengths)  # (T,) the series of each step
+    seasonal = lengths > season_length
+    lag = np.where(seasonal, season_length, 1)[codes]  # (T,) its series' lag
+    steps = np.arange(len(values))
+    has_earlier = steps - offsets[codes] >= lag
+    earlier = np.where(has_earlier, steps - lag, 0)
+    change = np.abs(values - values[earlier])
+    valid = has_earlier & ~np.isnan(change)
+    if seasonal_only:
+        valid &= seasonal[codes]
+    count = np.bincount(codes, weights=valid, minlength=n_series)
+    total = np.bincount(codes, weights=np.where(valid, change, 0.0), minlength=n_series)
+    observed = ~np.isnan(values)
+    level = np.bincount(
+        codes, weights=np.where(observed, np.abs(values), 0.0), minlength=n_series
+    ) / np.maximum(np.bincount(codes, weights=observed, minlength=n_series), 1)
+    scale = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+    return _with_scale(scale, level)
 
 
 # A seasonal-naive error below this share of the level is float rounding of a history that
@@ -246,17 +279,11 @@ def mase_scales(
     hist = hist.sort_values([ID, TIME], kind="stable").reset_index(drop=True)
     if not len(hist):
         return np.full(len(forecasts), np.nan)
-    lengths = hist.groupby(ID, sort=False)[TARGET].transform("size").to_numpy()
-    grouped = hist.groupby(ID, sort=False)[TARGET]
-    diff_m = (hist[TARGET] - grouped.shift(season_length)).abs().to_numpy()
-    diff_1 = (hist[TARGET] - grouped.shift(1)).abs().to_numpy()
-    # Lag 1 for series too short for a seasonal difference, as in `mase_scale`.
-    short = np.nan if seasonal_only else diff_1
-    diffs = pd.Series(np.where(lengths > season_length, diff_m, short))
-    by_series = hist[ID].to_numpy()
-    scale = diffs.groupby(by_series, sort=False).mean().reindex(ids).to_numpy()
-    level = hist[TARGET].abs().groupby(by_series, sort=False).mean().reindex(ids).to_numpy()
-    return _with_scale(scale, level)
+    sorted_ids = hist[ID].to_numpy()
+    starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
+    series, offsets = sorted_ids[starts], np.append(starts, len(hist))
+    scales = panel_mase_scales(hist[TARGET].to_numpy(), offsets, season_length, seasonal_only)
+    return pd.Series(scales, index=series).reindex(ids).to_numpy()
 
 
 def metric_by_group(

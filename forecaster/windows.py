@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 
 from forecaster.config import LossUnit, ModelConfig
+from forecaster.metrics import panel_mase_scales
 from forecaster.time_axis import CALENDAR_FEATURES, calendar_features
 from forecaster.validation import ValidatedFrame
 
@@ -107,9 +108,9 @@ def series_scales(
 
     "rms" is the root mean square of its observed values; "std" their std, or the mean's
     magnitude for a constant series. A series whose unit would be 0 (all zeros) gets 1.
-    "rms_mase" is the geometric mean of the "rms" unit and the mean absolute change over
-    `season` steps between observed values (one step for a series of `season` + 1 points
-    or fewer): MASE's scale. A series with no such change keeps its "rms" unit.
+    "rms_mase" is the geometric mean of the "rms" unit and MASE's scale over `season` steps,
+    the metric's own (`forecaster.metrics.panel_mase_scales`); a series without one (no
+    change between observed values) keeps its "rms" unit.
     Training counts errors in these units, so every series weighs the same in the loss and,
     within a series, windows weigh by their error in the series' own units.
     """
@@ -129,30 +130,12 @@ def series_scales(
         scale = np.where(scale > 0, scale, 1.0)
         if unit == "rms":
             return scale
-        change = _seasonal_change(values, offsets, codes, season)
-        return np.where(change > 0, np.sqrt(scale * change), scale)
+        change = panel_mase_scales(values, offsets, season)
+        return np.where(np.isnan(change), scale, np.sqrt(scale * change))
     fallback = np.where(level > 0, level, 1.0)
     # Relative, so that a series in small units that moves keeps its std; looser than the
     # scaler's bound (`constant_tolerance`) because numpy sums a whole series sequentially.
     return np.where(std > 1e-10 * level, std, fallback)
-
-
-def _seasonal_change(
-    values: np.ndarray, offsets: np.ndarray, codes: np.ndarray, season: int
-) -> np.ndarray:
-    """Per series: the mean absolute difference between observed values `season` steps
-    apart (one step apart in a series of `season` + 1 points or fewer); 0 where none."""
-    lengths = np.diff(offsets)
-    lag = np.where(lengths > season + 1, season, 1)[codes]  # (T,) per step, its series' lag
-    position = np.arange(len(values)) - offsets[codes]  # step index within its series
-    has_earlier = position >= lag
-    earlier = np.where(has_earlier, np.arange(len(values)) - lag, 0)
-    change = np.abs(values - values[earlier])
-    valid = has_earlier & ~np.isnan(change)
-    n_series = len(offsets) - 1
-    total = np.bincount(codes, weights=np.where(valid, change, 0.0), minlength=n_series)
-    count = np.bincount(codes, weights=valid, minlength=n_series)
-    return total / np.maximum(count, 1)
 
 
 def covariate_matrix(frame: LongColumns, config: ModelConfig) -> np.ndarray:

@@ -12,6 +12,8 @@ from forecaster.metrics import (
     evaluate,
     mae,
     mase,
+    mase_scale,
+    mase_scales,
     mse,
     pinball_loss,
     rmse,
@@ -155,3 +157,32 @@ def test_a_history_that_repeats_itself_to_rounding_has_no_mase_scale():
     # A series in small units that moves keeps its scale.
     small = periodic * 1e-12 + 1e-13 * np.random.default_rng(0).normal(size=t.size)
     assert mase(small[:24], small[:24] + 1e-13, small, season_length=24) > 0
+
+
+def test_the_frame_and_the_array_mase_scales_are_one_definition():
+    """Per series, `mase_scales` of a frame equals `mase_scale` of its history's array, a
+    missing step included; a series of a season or less is scaled over one step, or has no
+    scale when only seasonal figures compare."""
+    rng = np.random.default_rng(0)
+    histories = {"long": rng.normal(size=30), "short": np.array([1.0, 4.0, 2.0]), "one": [5.0]}
+    histories["long"][7] = np.nan
+    history = pd.concat(
+        pd.DataFrame(
+            {"unique_id": sid, "ds": pd.date_range("2024-01-01", periods=len(y), freq="D"), "y": y}
+        )
+        for sid, y in histories.items()
+    )
+    forecasts = pd.DataFrame(
+        {
+            "unique_id": list(histories),
+            "ds": [pd.Timestamp("2025-01-01")] * 3,
+            "y": 0.0,
+            "mean": 0.0,
+        }
+    )
+    scales = mase_scales(forecasts, history.iloc[::-1], season_length=7)
+    expected = [mase_scale(np.asarray(y), 7) for y in histories.values()]
+    np.testing.assert_allclose(scales, expected)
+    assert np.isfinite(scales[:2]).all() and np.isnan(scales[2])
+    seasonal = mase_scales(forecasts, history, season_length=7, seasonal_only=True)
+    assert seasonal[0] == pytest.approx(scales[0]) and np.isnan(seasonal[1:]).all()

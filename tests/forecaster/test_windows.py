@@ -1,8 +1,10 @@
 import dataclasses
 
 import numpy as np
+import pytest
 import torch
 
+from forecaster.metrics import mase_scale
 from forecaster.windows import (
     SeriesPanel,
     WindowBatch,
@@ -135,18 +137,23 @@ def test_series_scales_count_errors_relative_to_the_level_or_to_the_spread():
     np.testing.assert_allclose(series_scales(values, offsets, "std"), [1, 2, 1])
 
 
-def test_rms_mase_scales_are_the_geometric_mean_of_the_rms_and_the_seasonal_change():
-    """MASE's scale is the mean absolute change over a season between observed values, over
-    one step where a series holds no more than a season and a step; a series that never
-    changes keeps its RMS."""
+def test_rms_mase_scales_are_the_geometric_mean_of_the_rms_and_the_metrics_mase_scale():
+    """The loss unit reads MASE's scale as the metric does: the mean absolute change over a
+    season between observed values, over one step where a series holds no more than a season;
+    a series that never changes keeps its RMS."""
     seasonal = np.array([100.0, 110.0, 102.0, np.nan, 104.0, 114.0])  # changes 2, 2 (lag 2)
-    short = np.array([10.0, 13.0, 12.0])  # 3 points, season 2: changes 3, 1 (lag 1)
+    season_and_a_step = np.array([10.0, 13.0, 14.0])  # 3 points, season 2: change 4 (lag 2)
+    short = np.array([10.0, 13.0])  # 2 points, season 2: change 3 (lag 1)
     constant = np.full(4, 5.0)
-    values = np.concatenate([seasonal, short, constant])
-    offsets = np.cumsum([0, len(seasonal), len(short), len(constant)])
+    series = [seasonal, season_and_a_step, short, constant]
+    values = np.concatenate(series)
+    offsets = np.cumsum([0] + [len(s) for s in series])
     rms = series_scales(values, offsets, "rms")
     scales = series_scales(values, offsets, "rms_mase", season=2)
-    np.testing.assert_allclose(scales, [np.sqrt(rms[0] * 2), np.sqrt(rms[1] * 2), rms[2]])
+    expected = [np.sqrt(rms[0] * 2), np.sqrt(rms[1] * 4), np.sqrt(rms[2] * 3), rms[3]]
+    np.testing.assert_allclose(scales, expected)
+    for i, s in enumerate(series[:3]):
+        assert scales[i] == pytest.approx(np.sqrt(rms[i] * mase_scale(s, 2)))
     # Over a season of one step, the first series' changes are 10, 8 and 10.
     one_step = series_scales(values, offsets, "rms_mase", season=1)
     np.testing.assert_allclose(one_step[0], np.sqrt(rms[0] * 28 / 3))

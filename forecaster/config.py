@@ -124,7 +124,8 @@ def default_context_length(prediction_length: int, season_length: int = 1) -> in
     Three cycles reach past 96 steps for weekly data (156 weeks) and for sub-hourly data
     (15-minute data: three days, 288 steps): weekly series forecast a quarter ahead validated
     1.3-1.5 % better from three years than from 96 weeks, level with 336 (README, Short
-    catalogues).
+    catalogues), and real half-hourly demand six hours ahead 10-13 % better from three days
+    than from 96 steps (README, Half-hourly demand).
     """
     seasons = CONTEXT_SEASONS * season_length
     wanted = max(CONTEXT_HORIZONS * prediction_length, seasons, MIN_DEFAULT_CONTEXT)

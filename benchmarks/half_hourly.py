@@ -41,6 +41,7 @@ from forecaster.metrics import evaluate
 
 HORIZON = 12  # six hours
 SCORED = 14 * 48  # the last two weeks
+WINDOWS = SCORED // HORIZON  # origins, one every HORIZON steps
 START = pd.Timestamp("2000-06-05")  # a Monday, the series' first half hour
 PEERS = ("NHITS", "MSTL")
 
@@ -56,7 +57,6 @@ def demand() -> pd.DataFrame:
 
 def peer_metrics(name: str, df: pd.DataFrame, seed: int) -> dict:
     """`name`'s forecasts of the scored windows, scored as `backtest` scores ours."""
-    windows = SCORED // HORIZON
     started = time.perf_counter()
     if name == "NHITS":
         from neuralforecast import NeuralForecast
@@ -65,13 +65,13 @@ def peer_metrics(name: str, df: pd.DataFrame, seed: int) -> dict:
         nf = NeuralForecast(models=[model], freq="30min")
         # Trained once on the history before the first origin (the same nine weeks as ours),
         # then each origin forecast from the history before it.
-        cv = nf.cross_validation(df=df, n_windows=windows, step_size=HORIZON, refit=False)
+        cv = nf.cross_validation(df=df, n_windows=WINDOWS, step_size=HORIZON, refit=False)
     else:
         from statsforecast import StatsForecast
         from statsforecast.models import MSTL
 
         sf = StatsForecast(models=[MSTL(season_length=[48, 7 * 48])], freq="30min")
-        cv = sf.cross_validation(df=df, h=HORIZON, n_windows=windows, step_size=HORIZON)
+        cv = sf.cross_validation(df=df, h=HORIZON, n_windows=WINDOWS, step_size=HORIZON)
     seconds = time.perf_counter() - started
     cv = cv.reset_index() if "unique_id" not in cv.columns else cv
     scored = cv.rename(columns={name: "mean"})[["unique_id", "ds", "y", "mean"]]
@@ -98,7 +98,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     overrides = overrides_of(args)
     train = df.iloc[: len(df) - SCORED]
-    windows = SCORED // HORIZON
     rows, peers = [], []
     for seed in [] if args.no_ours else args.seeds:
         model_config = ModelConfig(**{**overrides["model"], "prediction_length": HORIZON})
@@ -106,11 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         forecaster = Forecaster(model_config, train_config).fit(train)
         seconds = time.perf_counter() - started
-        ours = backtest(forecaster, df, n_windows=windows, step=HORIZON)
+        ours = backtest(forecaster, df, n_windows=WINDOWS, step=HORIZON)
         naive = backtest(
             SeasonalNaive(horizon=HORIZON).fit(train),
             df,
-            n_windows=windows,
+            n_windows=WINDOWS,
             step=HORIZON,
             context_length=forecaster.model_config.context_length,
         )
@@ -138,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
                 return 2
-    print(f"Taylor half-hourly demand, H = {HORIZON}, {windows} origins over the last two weeks")
+    print(f"Taylor half-hourly demand, H = {HORIZON}, {WINDOWS} origins over the last two weeks")
     print("| model | seed | context | sMAPE | MASE | MAE | val loss | epochs (best) | s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
@@ -146,10 +145,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['best_val_loss']:.5f} | {row['epochs']} ({row['best_epoch']}) | "
             f"{row['train_seconds']}"
         )
-        for name, fitted in (("ours", training), ("seasonal naive", "- | - | -")):
-            m = row["ours" if name == "ours" else "seasonal_naive"]
+        for label, key, fitted in (
+            ("ours", "ours", training),
+            ("seasonal naive", "seasonal_naive", "- | - | -"),
+        ):
+            m = row[key]
             print(
-                f"| {name} | {row['seed']} | {row['context_length']} | {m['smape']:.3f} | "
+                f"| {label} | {row['seed']} | {row['context_length']} | {m['smape']:.3f} | "
                 f"{m['mase']:.3f} | {m['mae']:.1f} | {fitted} |"
             )
     for m in peers:

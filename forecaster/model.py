@@ -21,13 +21,14 @@ Design, measured on validation windows (README, design section):
   forecast (DLinear's) and keeps it unless validation says otherwise;
 - the linear start is one map for every series; the naive head lets each horizon token blend
   its draft with the simple benchmark forecasts of its own context (the mean, the last value,
-  the last season, the drift: `naive_forecast_maps`; the drift read from the first
-  observation where the history is shorter than its span: `observed_drift`), so the decoder
-  picks per series what one shared map cannot (a random walk's last value, a cycle's last
-  season, a short history's trend). The blend is convex,
-  so it never extrapolates beyond them (unbounded weights did on M3 Other's declining
-  series). Its weights are gates that start at zero, on the draft, and open at the learning
-  rate's pace (a softmax starting on the draft barely left it within ETTh1's few epochs);
+  the last season, the last week of sub-daily data, the drift: `naive_forecast_maps`; the
+  drift read from the first observation where the history is shorter than its span:
+  `observed_drift`), so the decoder picks per series what one shared map cannot (a random
+  walk's last value, a cycle's last season, an hourly series' week, a short history's
+  trend). The blend is convex, so it never extrapolates beyond them (unbounded weights did
+  on M3 Other's declining series). Its weights are gates that start at zero, on the draft,
+  and open at the learning rate's pace (a softmax starting on the draft barely left it
+  within ETTh1's few epochs);
 - one normalisation, the mask-aware InstanceScaler: padding and missing steps are invisible.
 """
 
@@ -143,14 +144,15 @@ def impute_left_padding(
 
 
 def naive_forecast_maps(
-    context_length: int, prediction_length: int, season_length: int
+    context_length: int, prediction_length: int, season_length: int, long_season_length: int = 1
 ) -> dict[str, torch.Tensor]:
     """The simple benchmark forecasts (Hyndman and Athanasopoulos, FPP3 5.2) as maps (L + 1, H)
     from the gap-filled normalised context, intercept last: what the ridge shrinks the linear
     start towards, and what the naive head blends the draft with. The context's mean
-    (zero in normalised units), its last value, its last season when the data has one, and its
-    last value with drift, the mean step over the last DRIFT_HORIZONS horizons (whole seasons,
-    so that a season's swing is not read as a trend) when the context holds them.
+    (zero in normalised units), its last value, its last season when the data has one, its last
+    long season (a week of sub-daily data, `long_season_length`) when the context holds one,
+    and its last value with drift, the mean step over the last DRIFT_HORIZONS horizons (whole
+    seasons, so that a season's swing is not read as a trend) when the context holds them.
 
     A strong ridge towards the mean pulls a trending series back to its past level; towards the
     last value it forecasts what the naive forecast does (M3 Yearly holdout, linear start
@@ -165,6 +167,10 @@ def naive_forecast_maps(
         seasonal = maps["mean"].clone()
         seasonal[context_length - season_length + steps % season_length, steps] = 1.0
         maps["last season"] = seasonal
+    if season_length < long_season_length <= context_length:
+        long_seasonal = maps["mean"].clone()
+        long_seasonal[context_length - long_season_length + steps % long_season_length, steps] = 1
+        maps["last long season"] = long_seasonal
     span = drift_span(context_length, prediction_length, season_length)
     if span is not None:
         drift = last.clone()  # x[L-1] + (h + 1) * (x[L-1] - x[L-1-span]) / span
@@ -268,7 +274,9 @@ class PatchTransformer(nn.Module):
         self.drift_slot: tuple[int, int] | None = None
         if self.linear_start is not None and c.naive_head:
             season = c.season_length or 1
-            maps = naive_forecast_maps(c.context_length, c.prediction_length, season)
+            maps = naive_forecast_maps(
+                c.context_length, c.prediction_length, season, c.long_season_length or 1
+            )
             span = drift_span(c.context_length, c.prediction_length, season)
             if c.observed_drift and span is not None:
                 self.drift_slot = (list(maps).index(f"drift over {span} steps"), span)

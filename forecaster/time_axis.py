@@ -803,6 +803,20 @@ def season_length(freq: str) -> int:
     return 1
 
 
+def long_season_length(freq: str) -> int:
+    """The data's second, longer cycle in steps: a week of its daily cycle for sub-daily data
+    whose main season is the day (hourly 168, half-hourly 336, 15-minute 672), as MSTL and TBATS
+    model hourly demand; 1 for every other frequency, whose main season is already the longest
+    cycle a context of the default length holds."""
+    season = season_length(freq)
+    try:
+        nanos = int(parse_freq(freq).nanos)
+    except (FrequencyInferenceError, ValueError):
+        return 1
+    daily = nanos < DAY_NS and DAY_NS % nanos == 0 and DAY_NS // nanos == season
+    return 7 * season if daily else 1
+
+
 # Bounds on steps per token. A cycle shorter than _MIN_CYCLE is no season worth aligning to. A
 # cycle shorter than _MIN_PATCH is grouped into whole cycles: quarterly data in tokens of one
 # quarter made 84 tokens of a 336-step context and trained twice as long as tokens of two

@@ -260,9 +260,9 @@ def fit_linear_start(
     The factor for imputing left padding is returned, not installed (see train_model).
 
     The ridge shrinks the map towards a naive forecast (`naive_forecast_maps`, its prior): the
-    context's mean, its last value, its last season or its last value with drift. The prior and the
-    ridge strength (one of LINEAR_START_RIDGES) are the pair with the lowest error under
-    blocked cross-validation: each series' windows are cut into LINEAR_START_FOLDS consecutive
+    context's mean, its last value, its last season (and long season) or its last value with
+    drift. The prior and the ridge strength (one of LINEAR_START_RIDGES) are the pair with the
+    lowest error under blocked cross-validation: each series' windows are cut into LINEAR_START_FOLDS consecutive
     stretches, and each stretch is predicted by the fit on the others. The error is the one
     validation reads (the configured point loss in each series' units), so the fit and the
     epochs are judged alike. It is fitted on the windows with a full context when at least half
@@ -306,7 +306,12 @@ def fit_linear_start(
             parts.append(
                 (d, target[rows], observed[rows].double(), unit[rows], d.T @ d, d.T @ target[rows])
             )
-    priors = naive_forecast_maps(mc.context_length, mc.prediction_length, mc.season_length or 1)
+    priors = naive_forecast_maps(
+        mc.context_length,
+        mc.prediction_length,
+        mc.season_length or 1,
+        mc.long_season_length or 1,
+    )
     priors = {name: prior.to(device) for name, prior in priors.items()}
     best_error, ridge, prior_name = math.inf, LINEAR_START_RIDGES[0], "mean"
     for name, prior in priors.items() if parts else ():

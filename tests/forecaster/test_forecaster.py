@@ -257,6 +257,13 @@ def test_the_default_context_is_seven_horizons_and_three_seasons_within_96_and_3
     assert given.for_frequency(freq).context_length == 500
 
 
+@pytest.mark.parametrize(("freq", "expected"), [("h", 168), ("30min", 336), ("D", 1), ("MS", 1)])
+def test_fit_resolves_the_long_season_from_the_frequency(freq, expected):
+    """Sub-daily data gets its week as a second cycle unless the config names one."""
+    assert ModelConfig().for_frequency(freq).long_season_length == expected
+    assert ModelConfig(long_season_length=1).for_frequency(freq).long_season_length == 1
+
+
 def test_fit_reads_the_context_the_data_frequency_resolves(series, tmp_path):
     """A weekly catalogue trains and forecasts from three years, an hourly one from 96 hours
     at a short horizon; the saved config holds the number."""

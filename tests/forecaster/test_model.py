@@ -381,6 +381,31 @@ def test_naive_forecast_maps_are_the_naive_forecasts():
     )
 
 
+def test_the_long_season_is_one_more_naive_forecast_where_the_context_holds_it():
+    """A week of hourly data: each horizon step forecast by the same step a long cycle earlier,
+    beside the daily cycle's; a context shorter than the cycle, or a cycle no longer than the
+    main season, adds nothing."""
+    context = torch.arange(1.0, 13.0)  # L = 12
+    design = torch.cat([context, torch.ones(1)]).double()
+    priors = naive_forecast_maps(12, 8, season_length=2, long_season_length=6)
+    assert list(priors) == ["mean", "last value", "last season", "last long season"]
+    weekly = torch.tensor([7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 7.0, 8.0]).double()
+    torch.testing.assert_close(design @ priors["last long season"], weekly)
+    assert "last long season" not in naive_forecast_maps(12, 8, 2, long_season_length=24)
+    assert "last long season" not in naive_forecast_maps(12, 8, 6, long_season_length=6)
+
+
+def test_the_naive_head_blends_the_long_season_when_the_config_has_one(tiny_config):
+    """The head gets one more output for the long cycle's forecast; a config without one (a
+    model saved before the field existed reads None) builds the head it was saved with."""
+    base = {**tiny_config.__dict__, "season_length": 4}
+    without = _model(ModelConfig(**{**base, "long_season_length": None}))
+    with_long = _model(ModelConfig(**{**base, "long_season_length": 8}))
+    assert with_long.naive_head.out_features == without.naive_head.out_features + 1
+    past, mask, _, _ = _inputs(with_long.config)
+    assert torch.isfinite(with_long(past, mask)[0].mean).all()
+
+
 @pytest.mark.parametrize(("season", "expected"), [(1, "last value"), (8, "last season")])
 def test_linear_start_is_shrunk_towards_the_naive_forecast_the_data_follows(
     tiny_config, season, expected

@@ -14,6 +14,7 @@ from forecaster.time_axis import (
     business_hours,
     calendar_features,
     freq_alias,
+    long_season_length,
     on_wall_clock,
     parse_freq,
     parse_iso,
@@ -85,6 +86,25 @@ def test_calendar_features_accept_series_and_arrays():
 )
 def test_season_length(freq, expected):
     assert season_length(freq) == expected
+
+
+@pytest.mark.parametrize(
+    ("freq", "expected"),
+    [
+        ("h", 168),  # a week of hours
+        ("30min", 336),
+        ("15min", 672),
+        ("2h", 84),
+        ("D", 1),  # the week is daily data's main season already
+        ("W-SUN", 1),
+        ("MS", 1),
+        ("bh", 1),  # a business week is not seven business days
+        ("30s", 1),  # its season is the minute's, not the day's
+        ("not-a-freq", 1),
+    ],
+)
+def test_long_season_length_is_a_week_of_sub_daily_steps(freq, expected):
+    assert long_season_length(freq) == expected
 
 
 @pytest.mark.parametrize(

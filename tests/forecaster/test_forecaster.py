@@ -518,6 +518,29 @@ def test_a_model_saved_before_a_config_field_existed_loads_and_forecasts_as_befo
     pd.testing.assert_frame_equal(older.predict(short), model.predict(short), check_exact=True)
 
 
+def test_a_model_saved_before_the_long_season_existed_loads_without_it(tmp_path):
+    """Six-hourly data has a week of 28 steps, inside the tiny 32-step context, so fit gives
+    a new model its last week as a naive forecast. A model saved before the field existed
+    was trained without it: its config loads with None, read as none, and it forecasts as
+    saved (a loader that resolved None from the frequency would build a head of another
+    shape and fail)."""
+    six_hourly = generate_synthetic(n_series=4, n_steps=4 * 7 * 12, freq="6h", seed=0)
+    assert ModelConfig(**TINY_MODEL).for_frequency("6h").long_season_length == 28
+    config = ModelConfig(**{**TINY_MODEL, "long_season_length": 1})
+    model = Forecaster(config, TrainConfig(**TINY_TRAIN)).fit(six_hourly)
+    model.save(tmp_path / "model")
+    meta_file = tmp_path / "model" / "config.json"
+    meta = json.loads(meta_file.read_text())
+    del meta["model_config"]["long_season_length"]
+    meta_file.write_text(json.dumps(meta))
+    reseal(tmp_path / "model")
+    older = Forecaster.load(tmp_path / "model")
+    assert older.model_config.long_season_length is None
+    pd.testing.assert_frame_equal(
+        older.predict(six_hourly), model.predict(six_hourly), check_exact=True
+    )
+
+
 def test_a_config_of_numpy_numbers_trains_saves_and_loads(series, tmp_path):
     """NumPy numbers were taken, trained on, and then failed save (not JSON), after the whole
     training; an interval scale of np.float32 raised a TypeError."""

@@ -234,8 +234,8 @@ class ModelConfig:
     linear_start: bool = True
     # With the linear start: each horizon token blends its draft with the naive forecasts of
     # its context (the mean, last value, last season, last week, drift), so the model picks
-    # per series what the one shared linear map cannot. Starts on the draft. Off: the draft and its
-    # correction alone (docs/model-choices.md).
+    # per series what the one shared linear map cannot. Starts on the draft. Off: the draft
+    # and its correction alone (docs/model-choices.md).
     naive_head: bool = True
     # How the naive head turns its outputs into the blend's weights, both convex and both
     # starting on the draft. "gates": one weight per naive forecast, clamped at zero and

@@ -160,17 +160,19 @@ def naive_forecast_maps(
     against 0.850 without it; docs/model-choices.md)."""
     steps = torch.arange(prediction_length)
     maps = {"mean": torch.zeros(context_length + 1, prediction_length, dtype=torch.float64)}
-    last = maps["mean"].clone()
-    last[context_length - 1] = 1.0
+
+    def last_cycle(cycle: int) -> torch.Tensor:
+        """Each horizon step forecast by the same step of the context's last `cycle` steps."""
+        repeated = maps["mean"].clone()
+        repeated[context_length - cycle + steps % cycle, steps] = 1.0
+        return repeated
+
+    last = last_cycle(1)
     maps["last value"] = last
     if 1 < season_length <= context_length:
-        seasonal = maps["mean"].clone()
-        seasonal[context_length - season_length + steps % season_length, steps] = 1.0
-        maps["last season"] = seasonal
+        maps["last season"] = last_cycle(season_length)
     if season_length < long_season_length <= context_length:
-        long_seasonal = maps["mean"].clone()
-        long_seasonal[context_length - long_season_length + steps % long_season_length, steps] = 1
-        maps["last long season"] = long_seasonal
+        maps["last long season"] = last_cycle(long_season_length)
     span = drift_span(context_length, prediction_length, season_length)
     if span is not None:
         drift = last.clone()  # x[L-1] + (h + 1) * (x[L-1] - x[L-1-span]) / span

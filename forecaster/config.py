@@ -124,7 +124,7 @@ def default_context_length(prediction_length: int, season_length: int = 1) -> in
     (docs/model-choices.md, ETTh1 at long horizons), so longer horizons read 336 still; M4
     Hourly (H = 48) reads 336 as before. A short horizon reads the recent past: daily data
     forecast 14 days ahead from 98 days validated 3.7 % better than from 336, in half the
-    time (README, Daily data). 96 steps (four days of hours, the shortest lookback of the
+    time (docs/model-choices.md). 96 steps (four days of hours, the shortest lookback of the
     long-horizon benchmarks) keep a daily cycle and a season of days in view for H < 14.
     Three cycles reach past 96 steps for weekly data (156 weeks) and for sub-hourly data
     (15-minute data: three days, 288 steps): weekly series forecast a quarter ahead validated

@@ -181,11 +181,6 @@ class ModelConfig:
     # with it, ETTh1 level (docs/model-choices.md). None: set by fit from the data's
     # frequency (and read as 1, none, by a model saved before the field existed).
     long_season_length: int | None = None
-    # Seasons averaged into one more naive forecast, the mean of the context's last k cycles
-    # of the season (FPP3's seasonal naive with its noise averaged over k cycles), where the
-    # data has a season and the context holds k of them. 1: none (models saved before the
-    # field existed).
-    seasonal_mean_seasons: int = 1
     # D: width of every token embedding.
     d_model: int = 64
     # Attention heads per layer; must divide d_model.
@@ -287,12 +282,6 @@ class ModelConfig:
             "long_season_length",
             "None or >= 1",
             self.long_season_length,
-        )
-        _check(
-            self.seasonal_mean_seasons >= 1,
-            "seasonal_mean_seasons",
-            ">= 1",
-            self.seasonal_mean_seasons,
         )
         _check(self.d_model >= 1, "d_model", ">= 1", self.d_model)
         _check(

@@ -144,11 +144,7 @@ def impute_left_padding(
 
 
 def naive_forecast_maps(
-    context_length: int,
-    prediction_length: int,
-    season_length: int,
-    long_season_length: int = 1,
-    seasonal_mean_seasons: int = 1,
+    context_length: int, prediction_length: int, season_length: int, long_season_length: int = 1
 ) -> dict[str, torch.Tensor]:
     """The simple benchmark forecasts (Hyndman and Athanasopoulos, FPP3 5.2) as maps (L + 1, H)
     from the gap-filled normalised context, intercept last: what the ridge shrinks the linear
@@ -175,11 +171,6 @@ def naive_forecast_maps(
     maps["last value"] = last
     if 1 < season_length <= context_length:
         maps["last season"] = last_cycle(season_length)
-    k = seasonal_mean_seasons
-    if k > 1 and season_length > 1 and k * season_length <= context_length:
-        # x[L - j s + h % s] averaged over j = 1..k: the last season shifted back j - 1 seasons.
-        shifted = [maps["last season"].roll(-j * season_length, dims=0) for j in range(k)]
-        maps[f"mean of the last {k} seasons"] = torch.stack(shifted).mean(dim=0)
     if season_length < long_season_length <= context_length:
         maps["last long season"] = last_cycle(long_season_length)
     span = drift_span(context_length, prediction_length, season_length)
@@ -286,11 +277,7 @@ class PatchTransformer(nn.Module):
         if self.linear_start is not None and c.naive_head:
             season = c.season_length or 1
             maps = naive_forecast_maps(
-                c.context_length,
-                c.prediction_length,
-                season,
-                c.long_season_length or 1,
-                c.seasonal_mean_seasons,
+                c.context_length, c.prediction_length, season, c.long_season_length or 1
             )
             span = drift_span(c.context_length, c.prediction_length, season)
             if c.observed_drift and span is not None:

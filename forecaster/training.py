@@ -311,7 +311,6 @@ def fit_linear_start(
         mc.prediction_length,
         mc.season_length or 1,
         mc.long_season_length or 1,
-        mc.seasonal_mean_seasons,
     )
     priors = {name: prior.to(device) for name, prior in priors.items()}
     best_error, ridge, prior_name = math.inf, LINEAR_START_RIDGES[0], "mean"

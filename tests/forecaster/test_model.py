@@ -395,21 +395,6 @@ def test_the_long_season_is_one_more_naive_forecast_where_the_context_holds_it()
     assert "last long season" not in naive_forecast_maps(12, 8, 6, long_season_length=6)
 
 
-def test_the_seasonal_mean_averages_the_last_k_seasons_where_the_context_holds_them():
-    """Each horizon step forecast by the mean of the same step in the context's last k
-    cycles; no map without a season, with k = 1, or with a context shorter than k seasons."""
-    context = torch.arange(1.0, 13.0)  # L = 12
-    design = torch.cat([context, torch.ones(1)]).double()
-    priors = naive_forecast_maps(12, 5, season_length=3, seasonal_mean_seasons=3)
-    assert list(priors) == ["mean", "last value", "last season", "mean of the last 3 seasons"]
-    # Phases of the last three cycles: (4, 7, 10), (5, 8, 11), (6, 9, 12).
-    expected = torch.tensor([7.0, 8.0, 9.0, 7.0, 8.0]).double()
-    torch.testing.assert_close(design @ priors["mean of the last 3 seasons"], expected)
-    for season, k, length in [(1, 3, 12), (3, 1, 12), (3, 5, 12)]:
-        names = list(naive_forecast_maps(length, 5, season, seasonal_mean_seasons=k))
-        assert not any(name.startswith("mean of the last") for name in names)
-
-
 def test_the_naive_head_blends_the_long_season_when_the_config_has_one(tiny_config):
     """The head gets one more output for the long cycle's forecast; a config without one (a
     model saved before the field existed reads None) builds the head it was saved with."""

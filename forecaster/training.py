@@ -265,8 +265,8 @@ def fit_linear_start(
     lowest error under blocked cross-validation: each series' windows are cut into
     LINEAR_START_FOLDS consecutive stretches, and each stretch is predicted by the fit on the
     others. The error is the one validation reads (the configured point loss in each series'
-    units), so the fit and the epochs are judged alike. It is fitted on the windows with a full context when at least half
-    of the series have one, else on every window.
+    units), so the fit and the epochs are judged alike. It is fitted on the windows with a full
+    context when at least half of the series have one, else on every window.
     """
     mc = model.config
     assert model.linear_start is not None, "config.linear_start is off"

@@ -1119,7 +1119,8 @@ def _hold_out_tail(
     every seventh series is held out whole instead (its windows validate, the others train):
     judged on the training loss, a model of a catalogue of short series trained 35 epochs and
     forecast worse than naive (M4 Hourly summed into days: 15-26 days of history, H = 14;
-    README, Daily data). With a single series, training runs on the training loss.
+    docs/benchmark-history.md, Daily data). With a single series, training runs on the
+    training loss.
     """
     lengths = np.diff(panel.offsets)
     val_points = np.maximum(horizon, (lengths * AUTO_VALIDATION_FRACTION).astype(np.int64))

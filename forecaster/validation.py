@@ -910,12 +910,16 @@ def in_callers_types(
     tz-aware `ds` come back as given, aware `ds` read back as the history was read
     (`time_axis.zone_of`, `in_zone`)."""
     given_ids = pd.Series(df[ID])
-    if given_ids.dtype != forecast[ID].dtype or given_ids.hasnans:
+    if given_ids.hasnans or not isinstance(given_ids.dtype, pd.StringDtype):
         # By text, as inside: distinct ids that compare equal (True and 1) stay apart.
         text = given_ids.astype("str")
         first = ~text.duplicated().to_numpy()
         by_text = pd.Series(given_ids.to_numpy()[first], index=text.to_numpy()[first])
         forecast[ID] = pd.array(by_text.loc[forecast[ID]].to_numpy(), dtype=given_ids.dtype)
+    elif given_ids.dtype != forecast[ID].dtype:
+        # Text ids are their own text: a cast, not a lookup over every row of `df` (pandas
+        # 3's default "str" against the forecast's "string": 1.3 s of 10 s for 10,000 series).
+        forecast[ID] = forecast[ID].astype(given_ids.dtype)
     zone = zone_of(df[TIME], wall_clock)
     if zone is not None:
         for column in time_columns:

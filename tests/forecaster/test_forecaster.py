@@ -614,6 +614,16 @@ def test_timestamps_given_as_text_with_offsets_come_back_labelled(fitted, series
     assert (forecast["ds"] == fitted.predict(aware)["ds"]).all()
 
 
+@pytest.mark.parametrize("dtype", ["str", "string"])
+def test_text_ids_come_back_in_the_callers_dtype(fitted, series, dtype):
+    """pandas 3's default "str" and the nullable "string" each come back as given, with the
+    same ids, so the forecast merges with the caller's frame."""
+    given = series.assign(unique_id=series["unique_id"].astype(dtype))
+    forecast = fitted.predict(given)
+    assert forecast["unique_id"].dtype == given["unique_id"].dtype
+    assert set(forecast["unique_id"]) == set(given["unique_id"])
+
+
 def test_categorical_and_mixed_ids_come_back_as_given(fitted, series):
     """A categorical id column stays categorical; ids of two kinds that compare equal (True and
     1) stay two series; ids of two kinds that read alike (1 and "1") are refused."""

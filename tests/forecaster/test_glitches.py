@@ -210,6 +210,25 @@ def test_unobserved_steps_take_no_part_and_may_hold_anything():
     assert _glitches(values, observed) == []
 
 
+@pytest.mark.parametrize("length", [20, 25, 26, 336])
+def test_many_rows_median_as_torch_nanmedian_does_to_the_bit(length):
+    """Blocks of many rows take a selection network instead of `torch.nanmedian`: the same
+    medians, with ties, gaps, whole rows unobserved and windows cut at the ends."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(400, length, dtype=torch.float64, generator=generator).round(decimals=1)
+    x[::5, 3:9] = float("nan")
+    x[1::7, -2:] = float("nan")
+    x[2::11] = float("nan")
+    half = glitches.GLITCH_WINDOW // 2
+    windows = torch.nn.functional.pad(x, (half, half), value=float("nan")).unfold(
+        1, glitches.GLITCH_WINDOW, 1
+    )  # (B, L, W)
+    expected = windows.nanmedian(dim=-1).values
+    found = glitches._rolling_nanmedian(x, glitches.GLITCH_WINDOW)
+    assert torch.equal(found.isnan(), expected.isnan())
+    assert torch.equal(found.nan_to_num(), expected.nan_to_num())
+
+
 def test_no_threshold_masks_nothing():
     values = torch.tensor(_noisy_daily_cycle()[None])
     values[0, 120] *= 10

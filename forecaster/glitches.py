@@ -78,16 +78,18 @@ def _rolling_nanmedian(values: torch.Tensor, window: int) -> torch.Tensor:
     padded = F.pad(values, (half, half), value=float("nan"))  # (B, L + 2 * half)
     windows = padded.unfold(1, window, 1)  # (B, L, W)
     inner = values.shape[1] - 2 * half  # windows that lie wholly inside the row
-    if window % 2 == 0 or values.shape[0] * inner < _NETWORK_MIN_WINDOWS:
+    if window % 2 == 0 or inner < 1 or values.shape[0] * inner < _NETWORK_MIN_WINDOWS:
         return windows.nanmedian(dim=-1).values
     # The network gives what nanmedian does, to the bit (it only compares and moves values),
     # at less than half its time on the CPU, but reads a NaN as a value: the windows cut at
     # the ends and those holding a NaN are left to nanmedian.
+    missing = values.isnan()
+    filled = torch.where(missing, 0.0, values)  # any value: these windows are redone below
     medians = torch.empty_like(values)
-    medians[:, half : half + inner] = _median_by_network(values.nan_to_num().unfold(1, window, 1))
+    medians[:, half : half + inner] = _median_by_network(filled.unfold(1, window, 1))
     for ends in (slice(0, half), slice(half + inner, None)):
         medians[:, ends] = windows[:, ends].nanmedian(dim=-1).values
-    gaps = F.pad(values.isnan().cumsum(dim=1), (1, 0))  # (B, L + 1) NaNs before each step
+    gaps = F.pad(missing.cumsum(dim=1), (1, 0))  # (B, L + 1) NaNs before each step
     rows, steps = ((gaps[:, window:] - gaps[:, :-window]) > 0).nonzero(as_tuple=True)
     if len(rows):
         medians[rows, steps + half] = windows[rows, steps + half].nanmedian(dim=-1).values

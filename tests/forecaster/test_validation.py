@@ -260,6 +260,17 @@ def test_gap_in_monthly_data():
     assert info.value.series_id == "a"
 
 
+@pytest.mark.parametrize("allow_missing", [False, True])
+def test_off_anchor_point_in_calendar_data_names_its_series(allow_missing):
+    """Series share their dates, and the calendar check runs once per distinct date: a date
+    off the month starts is still traced to the series and row that hold it."""
+    df = frame("MS", n=12, ids=("a", "b", "c"))
+    df.loc[12 + 4, "ds"] = pd.Timestamp("2024-05-15")  # b's fifth month
+    with pytest.raises(IrregularTimestampsError, match="'b'.*2024-05-15") as info:
+        validate_long_frame(df, freq="MS", allow_missing=allow_missing)
+    assert info.value.series_id == "b"
+
+
 def test_frequency_cannot_be_inferred_from_single_points():
     with pytest.raises(FrequencyInferenceError, match="single timestamp") as info:
         validate_long_frame(frame(n=1))

@@ -505,7 +505,7 @@ def _as_float(
             series_id=sid,
             field=name,
         )
-    too_large = np.abs(np.nan_to_num(values)) > max_abs
+    too_large = np.abs(values) > max_abs  # NaN compares False; inf was refused above
     if too_large.any():
         i = int(np.argmax(too_large))
         sid = str(ids[i])

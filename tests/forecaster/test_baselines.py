@@ -116,7 +116,8 @@ def test_linear_baseline_beats_seasonal_naive_on_noisy_data_and_gives_calibrated
     naive_mae = np.abs(naive["mean"].to_numpy() - truth).mean()
     assert linear_mae < naive_mae
     inside = (truth >= linear["q0.1"].to_numpy()) & (truth <= linear["q0.9"].to_numpy())
-    assert 0.5 <= inside.mean() <= 1.0
+    # 96 points of an 80 % band (the closed form holds 0.77; bands twice as wide hold 0.98)
+    assert 0.65 <= inside.mean() <= 0.92
 
 
 def test_linear_baseline_horizon_and_quantile_choices():

@@ -178,16 +178,22 @@ def test_the_naive_blend_stays_between_the_draft_and_the_naive_forecasts(tiny_co
 
 
 @pytest.mark.parametrize("blend", ["gates", "softmax"])
-@pytest.mark.parametrize("name", ["last value", "last season", "mean"])
+@pytest.mark.parametrize("name", ["last value", "last season", "mean", "last long season"])
 def test_the_naive_head_can_hand_a_series_its_naive_forecast(tiny_config, name, blend):
     """All the blend's weight on a naive forecast replaces the draft with it exactly, in the
     data's units: what the one linear map shared by every series cannot do for each of them."""
-    config = ModelConfig(**{**tiny_config.__dict__, "season_length": 4, "naive_blend": blend})
+    config = ModelConfig(
+        **{
+            **tiny_config.__dict__,
+            "season_length": 4,
+            "long_season_length": 8,
+            "naive_blend": blend,
+        }
+    )
     model = _model(config)
     torch.nn.init.zeros_(model.point_head.weight)
-    index = list(naive_forecast_maps(config.context_length, config.prediction_length, 4)).index(
-        name
-    )
+    maps = naive_forecast_maps(config.context_length, config.prediction_length, 4, 8)
+    index = list(maps).index(name)
     with torch.no_grad():
         model.naive_head.weight.zero_()
         if blend == "gates":  # a gate opened past 1 is scaled back to 1
@@ -200,6 +206,7 @@ def test_the_naive_head_can_hand_a_series_its_naive_forecast(tiny_config, name, 
         "last value": past[:, -1:].expand(-1, 8),
         "last season": past[:, -4:].repeat(1, 2),
         "mean": past.mean(dim=1, keepdim=True).expand(-1, 8),
+        "last long season": past[:, -8:],
     }[name]
     torch.testing.assert_close(forecast, expected)
 

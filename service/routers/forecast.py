@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from forecaster.errors import ForecasterInputError
 from service import rules
 from service.deps import BatcherDep, OnServedDep, ServedModelDep, SettingsDep
+from service.errors import UnsupportedMediaTypeError
 from service.inference import OnlineItem, name_request_field, render_forecast, request_frames
 from service.online import run_online
 from service.schemas import ForecastRequest, ForecastResponse
@@ -21,6 +22,7 @@ router = APIRouter(prefix="/v1", tags=["forecast"])
 ERROR_RESPONSES = {
     401: {"description": "API key missing or invalid (when keys are configured)"},
     413: {"description": "Request body over max_body_bytes"},
+    415: {"description": "A body that is not JSON, sent under a type that is not JSON"},
     422: {"description": "Bad input; the message names the field and the series"},
     503: {"description": "No model loaded; the message names the NAME@alias awaited"},
     504: {"description": "The forecast took longer than request_timeout_s"},
@@ -38,6 +40,17 @@ async def read_forecast_request(request: Request) -> ForecastRequest:
     try:
         return ForecastRequest.model_validate_json(raw)
     except ValidationError as exc:
+        # JSON sent under another type (`curl -d` sends a form's) is read all the same; a body
+        # that is not JSON either is refused on its type, not as JSON it never claimed to be.
+        content_type = request.headers.get("content-type", "")
+        media_type = content_type.partition(";")[0].strip().lower()
+        is_json_type = media_type in ("", "application/json") or media_type.endswith("+json")
+        if not is_json_type and any(e["type"] == "json_invalid" for e in exc.errors()):
+            raise UnsupportedMediaTypeError(
+                f"content-type {content_type!r}: the body is not JSON; send the request as "
+                "application/json",
+                field="content-type",
+            ) from None
         try:
             decoded = json.loads(raw)  # for the handler to name the series of an error
         except (ValueError, RecursionError):  # nested deeper than Python's stack allows

@@ -214,23 +214,35 @@ def test_huge_values_give_422_not_500(client, payload):
 
 
 @pytest.mark.parametrize(
-    ("content", "content_type"),
+    ("content", "content_type", "status", "field", "message"),
     [
-        (b"not json at all", "application/json"),
-        (b"series=1", "application/x-www-form-urlencoded"),
-        (b"\xff\xfe\x00", "application/json"),
-        (b'{"series": "abc"}', "application/json"),
+        (b"not json at all", "application/json", 422, "body", "Invalid JSON"),
+        (b"series=1", "application/x-www-form-urlencoded", 415, "content-type", "not JSON"),
+        (b"\xff\xfe\x00", "application/json", 422, "body", "Invalid JSON"),
+        (b'{"series": "abc"}', "application/json", 422, "series", "valid array"),
         # Nested deeper than Python's JSON decoder recurses: 2 kB, once a 500.
         (
             b'{"series": [{"id": "a", "values": ' + b"[" * 1000 + b"]" * 1000 + b"}]}",
             "application/json",
+            422,
+            "body",
+            "recursion limit",
         ),
     ],
 )
-def test_malformed_or_wrong_content_type(client, content, content_type):
+def test_malformed_or_wrong_content_type(client, content, content_type, status, field, message):
     response = client.post("/v1/forecast", content=content, headers={"content-type": content_type})
-    assert 400 <= response.status_code < 500, response.text
-    assert response.json()["detail"]
+    assert response.status_code == status, response.text
+    assert response.json()["field"] == field
+    assert message in response.json()["detail"]
+
+
+def test_json_sent_as_a_form_is_read(client, payload):
+    """`curl -d` without a content-type header sends a form's type; the JSON is still read."""
+    body = json.dumps({"series": [payload("series_000")]})
+    headers = {"content-type": "application/x-www-form-urlencoded"}
+    response = client.post("/v1/forecast", content=body, headers=headers)
+    assert response.status_code == 200, response.text
 
 
 # -- batch jobs: files ---------------------------------------------------------------------
@@ -314,11 +326,25 @@ def test_batch_job_bad_horizon_and_quantiles(client, history):
     assert response.json()["field"] == "quantiles"
 
 
-@pytest.mark.parametrize("path", ["../../etc/passwd", "/etc/passwd", "missing.csv"])
-def test_batch_job_path_outside_or_missing(client, path):
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("../secret.csv", "outside the input directory"),  # a real file beside inputs/
+        ("link.csv", "outside the input directory"),  # a link inside pointing out
+        ("/etc/passwd", "outside the input directory"),
+        ("missing.csv", "no file"),
+    ],
+)
+def test_batch_job_path_outside_or_missing(client, tmp_path, history, path, message):
+    secret = tmp_path / "data" / "secret.csv"
+    secret.write_bytes(_csv(history))
+    inputs = tmp_path / "data" / "inputs"
+    inputs.mkdir(parents=True, exist_ok=True)
+    (inputs / "link.csv").symlink_to(secret)
     response = client.post("/v1/batch-jobs", json={"path": path})
     assert response.status_code == 422
     assert response.json()["field"] == "path"
+    assert message in response.json()["detail"]
 
 
 def test_rejected_uploads_leave_no_files(client, tmp_path):

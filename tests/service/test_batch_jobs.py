@@ -4,14 +4,15 @@ resumed after a restart."""
 from __future__ import annotations
 
 import io
-import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from service.job_store import JobStore
+from service.routers import batch_jobs
 from tests.service.conftest import glitch_count
 
 HORIZON = 12
@@ -464,7 +465,19 @@ def test_a_job_waits_for_a_model(make_client, history, tmp_path):
 
 
 @pytest.mark.parametrize("fmt", ["csv", "parquet"])
-def test_job_files_are_durable_before_202(client, history, tmp_path, fmt):
+def test_job_files_are_durable_before_202(client, history, tmp_path, monkeypatch, fmt):
+    """The upload is fsynced, file and directory, before the job row that names it exists,
+    so a crash after the 202 never leaves a queued job without its input."""
+    events: list[str] = []
+    monkeypatch.setattr(batch_jobs, "fsync_file", lambda path: events.append(f"file {path}"))
+    monkeypatch.setattr(batch_jobs, "fsync_dir", lambda path: events.append(f"dir {path}"))
+    create = JobStore.create
+
+    def recording_create(self, **fields):
+        events.append("create")
+        return create(self, **fields)
+
+    monkeypatch.setattr(JobStore, "create", recording_create)
     buffer = io.BytesIO()
     if fmt == "csv":
         history.to_csv(buffer, index=False)
@@ -475,10 +488,33 @@ def test_job_files_are_durable_before_202(client, history, tmp_path, fmt):
         content=buffer.getvalue(),
         headers={"content-type": "application/octet-stream"},
     )
+    assert response.status_code == 202, response.text
     job = response.json()
+    assert job["input_format"] == fmt
     row = JobStore(tmp_path / "data" / "jobs.db").get(job["id"])
     assert row is not None and row.input_format == fmt
-    assert json.loads(json.dumps(job))["input_format"] == fmt
+    stored = Path(row.input_path)
+    assert stored.read_bytes() == buffer.getvalue()
+    assert events == [f"file {stored}", f"dir {stored.parent}", "create"]
+
+
+@pytest.mark.parametrize(("declared", "sent"), [("csv", "parquet"), ("parquet", "csv")])
+def test_a_declared_format_the_upload_contradicts_is_refused(client, history, declared, sent):
+    buffer = io.BytesIO()
+    if sent == "csv":
+        history.to_csv(buffer, index=False)
+    else:
+        history.to_parquet(buffer, index=False)
+    response = client.post(
+        f"/v1/batch-jobs?format={declared}",
+        content=buffer.getvalue(),
+        headers={"content-type": "application/octet-stream"},
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == "file"
+    assert ("declared CSV" if declared == "csv" else "malformed Parquet") in response.json()[
+        "detail"
+    ]
 
 
 def test_grouped_input_in_many_chunks_gives_the_same_result(make_client, fitted, training_frame):

@@ -139,7 +139,7 @@ def test_errors_in_mlflow_shape(client, body, needle):
         (lambda rows: rows[3].__setitem__(2, "abc"), "'abc'"),
         (lambda rows: [r.__setitem__(2, None) for r in rows if r[0] == rows[0][0]], "observed"),
         (lambda rows: rows[3].__setitem__(1, "not a time"), "not a timestamp"),
-        (lambda rows: rows[3].__setitem__(2, [1, 2]), ""),
+        (lambda rows: rows[3].__setitem__(2, [1, 2]), "holds [1, 2]"),
     ],
 )
 def test_bad_values_in_split_name_the_series(client, two_series, change, needle):
@@ -148,7 +148,11 @@ def test_bad_values_in_split_name_the_series(client, two_series, change, needle)
     body = {"dataframe_split": {"columns": ["unique_id", "ds", "y"], "data": rows}}
     response = client.post("/invocations", json=body)
     assert response.status_code == 400, response.text
-    assert needle in response.json()["message"]
+    error = response.json()
+    assert needle in error["message"]
+    # every change above is in the first series' rows
+    assert error["series_id"] == rows[0][0]
+    assert f"series {rows[0][0]!r}" in error["message"]
 
 
 @pytest.mark.parametrize("fmt", ["split", "records", "csv"])

@@ -103,9 +103,11 @@ def _checked(path: Path, chunks: Iterator[pd.DataFrame]) -> Iterator[pd.DataFram
 
 
 def read_chunks(
-    path: Path, columns: Sequence[str], rows: int = ROWS_PER_READ
+    path: Path, columns: Sequence[str], rows: int | None = None
 ) -> tuple[Iterator[pd.DataFrame], int | None]:
-    """Chunks of a long file's ``columns`` and the total row count when the format knows it."""
+    """Chunks of a long file's ``columns`` (``rows`` each, `ROWS_PER_READ` unless given) and the
+    total row count when the format knows it."""
+    rows = ROWS_PER_READ if rows is None else rows  # read when called, not when defined
     kind = _kind(path, "input")
     if kind == "parquet":
         with reading(path, "input"):

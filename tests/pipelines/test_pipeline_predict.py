@@ -46,8 +46,16 @@ def test_chunked_streaming_matches_one_predict_call(
         history.to_parquet(source, row_group_size=50)
     # Reads of 37 rows split series across chunks; 3 series per predict call.
     monkeypatch.setattr(predict_module, "ROWS_PER_READ", 37)
+    read, sizes = predict_module.read_chunks, []
+
+    def recording_read(*args, **kwargs):
+        chunks, total = read(*args, **kwargs)
+        return (sizes.append(len(chunk)) or chunk for chunk in chunks), total
+
+    monkeypatch.setattr(predict_module, "read_chunks", recording_read)
     out = tmp_path / f"out{suffix_out}"
     summary = predict_file(str(model_dir), source, out, chunk_series=3, progress=False)
+    assert max(sizes) <= 37 and sum(sizes) == len(history) and len(sizes) > len(history) // 37
     got = pd.read_csv(out, parse_dates=["ds"]) if suffix_out == ".csv" else pd.read_parquet(out)
     assert (summary.n_series, summary.n_input_rows) == (7, len(history))
     assert summary.n_output_rows == len(expected) == len(got)

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from forecaster.outputs import ForecastArrays, no_glitches
+from pipelines import forecast_log
 from pipelines.forecast_log import ForecastLog, read_log, records
 
 ORIGIN = np.datetime64("2024-01-01T23:00", "ns")
@@ -93,7 +94,9 @@ def test_unwritable_directory_keeps_the_rows_for_the_next_flush(tmp_path):
     assert len(read_log(blocker)) == 6
 
 
-def test_old_files_are_pruned_and_junk_files_skipped(tmp_path):
+def test_old_files_are_pruned_and_junk_files_skipped(tmp_path, monkeypatch):
+    # A machine booted seconds ago, where "pruned at monotonic 0" would read as just pruned.
+    monkeypatch.setattr(forecast_log.time, "monotonic", lambda: 5.0)
     directory = tmp_path / "log"
     log = ForecastLog(directory, retention_days=1)
     log.append(_rows())

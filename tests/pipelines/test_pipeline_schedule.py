@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+
+import pytest
 
 from pipelines.schedule import run_schedule
 from tests.pipelines.pipeline_helpers import make_settings
@@ -57,8 +59,10 @@ def test_ticks_during_a_long_run_are_skipped_not_replayed(store, data_csv, caplo
     assert report.last_result is not None and not hasattr(report, "results")
 
 
-def test_a_run_left_running_by_this_process_is_marked_failed_by_the_next(tmp_path):
-    """The tracking server vanished as a scheduled run ended: the next run ends it FAILED."""
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_run_left_running_by_this_process_is_marked_failed_by_the_next(tmp_path, legacy):
+    """The tracking server vanished as a scheduled run ended: the next run ends it FAILED.
+    Runs carry the tags `run_tags` gives them; those of older versions had no process tag."""
     import os
     import socket
 
@@ -67,7 +71,11 @@ def test_a_run_left_running_by_this_process_is_marked_failed_by_the_next(tmp_pat
 
     client = tracking.client(f"sqlite:///{tmp_path / 'mlflow.db'}")
     experiment = client.create_experiment("forecaster", artifact_location=str(tmp_path / "a"))
-    tags = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
+    tags = (
+        {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
+        if legacy
+        else tracking.run_tags("retrain")
+    )
     left = client.create_run(experiment, tags=tags).info.run_id
     mark_stale_runs(client, experiment)
     run = client.get_run(left)
@@ -116,6 +124,32 @@ def test_nightly_ticks_stay_at_their_local_hour_across_daylight_saving(monkeypat
         ]
         assert [n.utcoffset() for n in nights] == [timedelta(hours=h) for h in offsets]
     assert str(schedule_zone("America/New_York")) == "America/New_York"  # the setting wins
+
+
+def test_the_scheduler_itself_waits_for_the_settings_local_hour(store, monkeypatch, caplog):
+    """`run_schedule` without an injected clock reads the wall clock in `schedule_timezone`:
+    on the eve of the autumn change the next "0 3 * * *" is 03:00 Berlin winter time."""
+    from pipelines import schedule
+
+    instant = datetime(2026, 10, 24, 12, 0, tzinfo=UTC)
+
+    class FixedClock(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return instant.astimezone(tz)
+
+    class Stop(Exception):
+        pass
+
+    def sleep(seconds: float) -> None:
+        raise Stop
+
+    monkeypatch.setattr(schedule, "datetime", FixedClock)
+    settings = make_settings(store, schedule_timezone="Europe/Berlin")
+    caplog.set_level(logging.INFO, logger="pipelines.schedule")
+    with pytest.raises(Stop):
+        run_schedule(settings, cron="0 3 * * *", max_runs=1, sleep=sleep)
+    assert "next retrain at 2026-10-25T03:00:00+01:00" in caplog.text
 
 
 def test_an_unknown_schedule_timezone_is_refused_naming_it():

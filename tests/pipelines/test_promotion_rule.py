@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
 from pipelines.promote import decide, paired_test
 
@@ -87,6 +88,15 @@ def test_paired_test_pairs_by_series_id_and_ignores_missing(name):
     champion = pd.Series([3.5, 1.5, 2.5, 4.5], index=["s2", "s1", "s0", "s3"])
     result = paired_test(challenger, champion, name)
     assert result.n_pairs == 3  # s3 has no challenger score
+    # By id the differences are s0 -1.5, s1 +0.5, s2 -0.5 (by position: -2.5, +0.5, +0.5).
+    by_id = np.array([-1.5, 0.5, -0.5])
+    reference = (
+        stats.wilcoxon(by_id, alternative="less")
+        if name == "wilcoxon"
+        else stats.binomtest(2, 3, 0.5, alternative="greater")
+    )
+    statistic = reference.statistic if name == "wilcoxon" else 2
+    assert (result.statistic, result.p_value) == pytest.approx((statistic, reference.pvalue))
     ties = paired_test(challenger, challenger, name)
     assert ties.p_value == 1.0
 

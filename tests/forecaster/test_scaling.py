@@ -91,3 +91,22 @@ def test_a_window_shorter_than_a_season_learns_its_band_in_its_level(
         torch.tensor([values], dtype=torch.float64), torch.tensor([observed]), band_season
     )
     assert float(stats.band_unit) == pytest.approx(unit)
+
+
+@pytest.mark.parametrize(("value", "n"), [(0.1, 1000), (123.456, 10_000), (0.3, 1000)])
+def test_a_constant_row_whose_mean_rounds_still_stood_still(value, n):
+    """The mean of n equal float64 values is off by a few eps (0.1 x 1000 leaves a std of
+    2.8e-17, 2.8e-16 of the level): still constant, scaled by level / n, not by that noise
+    (which made its normalised values +-1 instead of 0)."""
+    assert _statistics([value] * n, [True] * n)[1] == pytest.approx(value / n)
+
+
+def test_the_scaler_applies_its_band_season_in_the_forward_pass():
+    """The model's scaler is built with the season as its band_season; its forward pass,
+    which training and prediction call, must use it, not only `statistics`."""
+    values = torch.tensor([[0.0] * 21 + [99.0, 100.0, 101.0]], dtype=torch.float64)
+    observed = torch.tensor([[False] * 21 + [True] * 3])
+    _, stats = InstanceScaler(band_season=24)(values, observed)
+    assert float(stats.band_unit) == pytest.approx(100.0 / (2 / 3) ** 0.5)
+    _, stats = InstanceScaler()(values, observed)
+    assert float(stats.band_unit) == 1.0

@@ -27,6 +27,7 @@ from forecaster.time_axis import (
     steps_after,
     wall_clock_for,
 )
+from forecaster.validation import validate_long_frame
 
 
 def test_calendar_features_are_scaled_and_ordered():
@@ -390,3 +391,36 @@ def test_day_first_text_reads_day_first_throughout():
     # Month first stays month first where it reads.
     parsed = parse_timestamps(pd.Series(days.strftime("%m/%d/%Y")))
     np.testing.assert_array_equal(parsed, days.to_numpy())
+
+
+@pytest.mark.parametrize(
+    ("legacy", "current"),
+    [
+        ("M", "ME"),
+        ("3M", "3ME"),
+        ("Q", "QE-DEC"),
+        ("Y", "YE-DEC"),
+        ("A", "YE-DEC"),
+        ("SM", "SME-15"),
+        ("H", "h"),
+        ("2H", "2h"),
+        ("T", "min"),
+        ("S", "s"),
+    ],
+)
+def test_legacy_aliases_read_as_their_current_spelling(legacy, current):
+    assert parse_freq(legacy) == parse_freq(current)
+
+
+def test_legacy_month_alias_means_month_ends():
+    """freq='M' (pandas < 2.2) is month ends: month-end data validates under it and its
+    forecast steps land on month ends, not on the 1st."""
+    df = pd.DataFrame(
+        {"unique_id": "a", "ds": pd.date_range("2024-01-31", periods=6, freq="ME"), "y": 1.0}
+    )
+    assert validate_long_frame(df, freq="M").freq == "ME"
+    after = steps_after(np.array(["2024-06-30"], dtype="datetime64[ns]"), "M", 2)
+    assert list(pd.DatetimeIndex(after[0])) == [
+        pd.Timestamp("2024-07-31"),
+        pd.Timestamp("2024-08-31"),
+    ]

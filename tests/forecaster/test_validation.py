@@ -342,6 +342,15 @@ class TestFutureFrame:
     def future(self, n=5, ids=("b", "a")):
         return frame("h", n=n, ids=ids, start="2024-01-01 10:00").assign(promo=1.0)
 
+    def test_a_repeated_future_timestamp_is_refused_not_returned_twice(self):
+        future = self.future()
+        future = pd.concat([future, future.iloc[[1]].assign(promo=0.0)], ignore_index=True)
+        with pytest.raises(
+            DuplicateTimestampsError, match="2024-01-01 11:00:00 more than once"
+        ) as info:
+            validate_future_frame(future, history=self.history(), horizon=3, covariates=["promo"])
+        assert (info.value.series_id, info.value.field) == ("b", "ds")
+
     def test_returns_exactly_the_horizon_in_history_order(self):
         out = validate_future_frame(
             self.future(), history=self.history(), horizon=3, covariates=["promo"]
@@ -603,3 +612,22 @@ def test_timestamps_with_and_without_a_zone_are_named_as_such():
     with pytest.raises(InvalidTimestampsError, match="without a time zone or UTC offset") as info:
         validate_long_frame(df)
     assert info.value.series_id == "b"
+
+
+def test_a_covariate_too_large_for_the_model_is_refused_in_the_history_too():
+    """Covariates reach the float32 model unscaled: a history covariate of 1e20 made every
+    forecast NaN without a word, as a future one did."""
+    df = frame(promo=[0.0] * 9 + [1e20])
+    with pytest.raises(NonNumericValuesError, match=r"column 'promo' is 1e\+20") as error:
+        validate_long_frame(df, covariates=["promo"])
+    assert (error.value.series_id, error.value.field) == ("a", "promo")
+
+
+def test_min_length_counts_observed_values_not_rows():
+    """With missing values allowed, a series of 10 rows of which 3 are observed is 3 long:
+    the backtest's `min_length` must not pass it as 10."""
+    df = frame(n=10, ids=("a",))
+    df.loc[3:, "y"] = np.nan
+    with pytest.raises(SeriesTooShortError, match="'a' has 3 observed points, expected at least 5"):
+        validate_long_frame(df, min_length=5, allow_missing=True)
+    assert validate_long_frame(df, min_length=3, allow_missing=True).n_series == 1

@@ -109,3 +109,61 @@ def test_every_score_is_read_on_the_pairs_all_models_scored(champion):
     assert verdict.baseline_score == pytest.approx(1.5 * verdict.challenger_score)
     with_champion = decide(champion * 0.9, pd.concat([champion, hard]), champion, metric="mase")
     assert with_champion.champion_score == pytest.approx(champion.mean())
+
+
+def test_a_challenger_without_a_finite_score_is_never_promoted(champion):
+    """A first version whose backtest is all NaN must not become champion by default."""
+    nan = champion * np.nan
+    first = decide(nan, None, champion, metric="mase")
+    assert not first.promoted and "mase is nan" in first.reason
+    against = decide(nan, champion, champion * 2, metric="mase")
+    assert not against.promoted and "mase is nan" in against.reason
+
+
+@pytest.mark.parametrize("name", ["wilcoxon", "sign"])
+def test_an_alpha_no_outcome_can_get_below_leaves_the_decision_to_the_margin(name):
+    """3 pairs give p >= 1/8: at promotion_alpha = 0.125 no test could ever pass."""
+    champion = _scores([1.3, 1.2, 1.4])
+    verdict = decide(champion * 0.7, champion, champion * 2, metric="mase", alpha=0.125, test=name)
+    assert verdict.promoted, verdict.reason
+    assert "too few to reach 0.125" in verdict.reason
+
+
+def test_the_sign_test_gives_ties_no_vote(champion):
+    """Better on 6 series, identical on 54: 6 wins of 6 votes, p = 1/64."""
+    challenger = champion.copy()
+    challenger.iloc[:6] *= 0.9
+    result = paired_test(challenger, champion, "sign")
+    assert result.statistic == 6 and result.n_pairs == 60
+    assert result.p_value == pytest.approx(1 / 64)
+    verdict = decide(challenger, champion, champion * 2, metric="mase", test="sign")
+    assert verdict.promoted, verdict.reason
+
+
+def test_promote_with_settings_passes_every_promotion_setting(tmp_path, monkeypatch):
+    from pipelines import promote as promote_module
+    from tests.pipelines.pipeline_helpers import make_settings
+
+    seen = {}
+    monkeypatch.setattr(promote_module, "promote", lambda frame, **kwargs: seen.update(kwargs))
+    settings = make_settings(
+        tmp_path,
+        promotion_metric="mae",
+        promotion_margin=0.07,
+        promotion_alpha=0.2,
+        promotion_test="sign",
+        backtest_windows=5,
+        require_beats_baseline=False,
+    )
+    promote_module.promote_with_settings(settings, pd.DataFrame(), version="7")
+    assert seen == {
+        "model_name": settings.model_name,
+        "version": "7",
+        "metric": "mae",
+        "margin": 0.07,
+        "alpha": 0.2,
+        "test": "sign",
+        "n_windows": 5,
+        "require_beats_baseline": False,
+        "tracking_uri": settings.resolved_tracking_uri,
+    }

@@ -351,3 +351,16 @@ def test_rejected_uploads_leave_no_files(client, tmp_path):
     client.post("/v1/batch-jobs", content=b"garbage", headers={"content-type": "text/csv"})
     jobs_dir = tmp_path / "data" / "jobs"
     assert not jobs_dir.exists() or not any(jobs_dir.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("horizon", "0"), ("horizon", "2.5"), ("quantiles", "0.5,0.5")]
+)
+def test_batch_job_horizon_is_a_positive_integer_and_quantiles_distinct(
+    client, history, field, value
+):
+    """horizon=0 ran the job at the default horizon and 2.5 at 2, instead of a 422."""
+    files = {"file": ("h.csv", io.BytesIO(_csv(history)), "text/csv")}
+    response = client.post("/v1/batch-jobs", files=files, data={field: value})
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == field

@@ -238,3 +238,12 @@ def test_json_parameters_get_one_answer_on_both_routes(
         assert (scored.status_code, online.status_code) == (400, 422)
         named = "horizon" if horizon is not None else "quantiles"
         assert named in scored.json()["message"] and named in online.json()["detail"]
+
+
+@pytest.mark.parametrize("params", [{"horizon": ""}, {"quantiles": 0.5}, {"quantiles": [0.5, 0.5]}])
+def test_json_params_of_the_wrong_shape_are_a_400_naming_the_field(client, two_series, params):
+    body = {"dataframe_records": _records(two_series), "params": params}
+    response = client.post("/invocations", json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error_code"] == "BAD_REQUEST"
+    assert next(iter(params)) in response.json()["message"]

@@ -464,6 +464,15 @@ def test_a_job_waits_for_a_model(make_client, history, tmp_path):
     assert client.get(f"/v1/batch-jobs/{response.json()['id']}").json()["status"] == "queued"
 
 
+def _file_bytes(frame: pd.DataFrame, fmt: str) -> bytes:
+    buffer = io.BytesIO()
+    if fmt == "csv":
+        frame.to_csv(buffer, index=False)
+    else:
+        frame.to_parquet(buffer, index=False)
+    return buffer.getvalue()
+
+
 @pytest.mark.parametrize("fmt", ["csv", "parquet"])
 def test_job_files_are_durable_before_202(client, history, tmp_path, monkeypatch, fmt):
     """The upload is fsynced, file and directory, before the job row that names it exists,
@@ -478,14 +487,10 @@ def test_job_files_are_durable_before_202(client, history, tmp_path, monkeypatch
         return create(self, **fields)
 
     monkeypatch.setattr(JobStore, "create", recording_create)
-    buffer = io.BytesIO()
-    if fmt == "csv":
-        history.to_csv(buffer, index=False)
-    else:
-        history.to_parquet(buffer, index=False)
+    upload = _file_bytes(history, fmt)
     response = client.post(
         f"/v1/batch-jobs?format={fmt}",
-        content=buffer.getvalue(),
+        content=upload,
         headers={"content-type": "application/octet-stream"},
     )
     assert response.status_code == 202, response.text
@@ -494,20 +499,15 @@ def test_job_files_are_durable_before_202(client, history, tmp_path, monkeypatch
     row = JobStore(tmp_path / "data" / "jobs.db").get(job["id"])
     assert row is not None and row.input_format == fmt
     stored = Path(row.input_path)
-    assert stored.read_bytes() == buffer.getvalue()
+    assert stored.read_bytes() == upload
     assert events == [f"file {stored}", f"dir {stored.parent}", "create"]
 
 
 @pytest.mark.parametrize(("declared", "sent"), [("csv", "parquet"), ("parquet", "csv")])
 def test_a_declared_format_the_upload_contradicts_is_refused(client, history, declared, sent):
-    buffer = io.BytesIO()
-    if sent == "csv":
-        history.to_csv(buffer, index=False)
-    else:
-        history.to_parquet(buffer, index=False)
     response = client.post(
         f"/v1/batch-jobs?format={declared}",
-        content=buffer.getvalue(),
+        content=_file_bytes(history, sent),
         headers={"content-type": "application/octet-stream"},
     )
     assert response.status_code == 422, response.text

@@ -28,7 +28,31 @@ Quantiles = Annotated[
 class SeriesIn(BaseModel):
     """Recent history of one series: `timestamps`, or `start` + `freq`, with its `values`."""
 
-    model_config = ConfigDict(extra="forbid")
+    # The schema states the rule `_timestamps_or_start` enforces, so clients and fuzzers built
+    # from it form a valid series: the two branches exclude each other, as the validator does.
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [
+                {
+                    "required": ["timestamps"],
+                    "properties": {
+                        "timestamps": {"type": "array"},
+                        "start": {"type": "null"},
+                        "freq": {"type": "null"},
+                    },
+                },
+                {
+                    "required": ["start", "freq"],
+                    "properties": {
+                        "start": {"type": "string"},
+                        "freq": {"type": "string"},
+                        "timestamps": {"type": "null"},
+                    },
+                },
+            ]
+        },
+    )
 
     id: str = Field(min_length=1, max_length=256, description="Series identifier.")
     values: list[float | None] = Field(

@@ -118,6 +118,57 @@ def test_every_error_is_the_body_the_openapi_schema_documents(make_client, paylo
         assert body.detail and body.error, response.text
 
 
+_TIME_FIELDS = {
+    "timestamps only": {"timestamps": ["2024-01-01T00:00:00", "2024-01-01T01:00:00"]},
+    "start and freq": {"start": "2024-01-01T00:00:00", "freq": "h"},
+    "start, freq and null timestamps": {
+        "start": "2024-01-01T00:00:00",
+        "freq": "h",
+        "timestamps": None,
+    },
+    "neither": {},
+    "start alone": {"start": "2024-01-01T00:00:00"},
+    "freq alone": {"freq": "h"},
+    "timestamps and freq": {
+        "timestamps": ["2024-01-01T00:00:00", "2024-01-01T01:00:00"],
+        "freq": "h",
+    },
+    "all three": {
+        "timestamps": ["2024-01-01T00:00:00", "2024-01-01T01:00:00"],
+        "start": "2024-01-01T00:00:00",
+        "freq": "h",
+    },
+}
+
+
+@pytest.mark.parametrize("how", list(_TIME_FIELDS))
+def test_the_openapi_schema_states_which_time_fields_a_series_needs(how):
+    """A client or fuzzer generated from the schema could not tell that a series needs
+    `timestamps` or `start` + `freq` (every field was optional there): the schema now accepts
+    exactly the series the service's own validation does."""
+    import jsonschema_rs
+    import pydantic
+
+    from service.app import create_app
+    from service.schemas import SeriesIn
+    from service.settings import ServiceSettings
+
+    spec = create_app(ServiceSettings.model_construct()).openapi()
+    validator = jsonschema_rs.Draft202012Validator(
+        {"$ref": "#/components/schemas/SeriesIn", "components": spec["components"]}
+    )
+    series = {"id": "a", "values": [1.0, 2.0], **_TIME_FIELDS[how]}
+    try:
+        SeriesIn.model_validate(series)
+        accepted = True
+    except pydantic.ValidationError:
+        accepted = False
+    assert accepted == (
+        how in ("timestamps only", "start and freq", "start, freq and null timestamps")
+    )
+    assert validator.is_valid(series) == accepted, how
+
+
 def _imperfect(payload, how):
     s = payload("series_002", CONTEXT + 10)
     if how == "nan":

@@ -602,6 +602,12 @@ def parse_freq(freq: str) -> BaseOffset:
                 f"freq: {freq!r} opens at or after it closes; expected e.g. 'bh=08:00-18:00'",
                 field="freq",
             )
+        if int(closing) - int(opening) == 24:  # pandas refuses a business day that never closes
+            raise FrequencyInferenceError(
+                f"freq: {freq!r} is open around the clock; expected business hours shorter than "
+                "a day, or 'h' for hourly data",
+                field="freq",
+            )
         return BusinessHour(int(n or 1), start=time(int(opening)), end=time(int(closing) % 24))
     try:
         with warnings.catch_warnings():

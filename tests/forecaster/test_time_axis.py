@@ -8,12 +8,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forecaster.errors import FrequencyInferenceError, InvalidConfigError, InvalidTimestampsError
+from forecaster.errors import (
+    FrequencyInferenceError,
+    InvalidConfigError,
+    InvalidTimestampsError,
+    IrregularTimestampsError,
+)
 from forecaster.time_axis import (
     CALENDAR_FEATURES,
     business_hours,
     calendar_features,
     freq_alias,
+    in_zone,
     long_season_length,
     on_wall_clock,
     parse_freq,
@@ -27,7 +33,7 @@ from forecaster.time_axis import (
     steps_after,
     wall_clock_for,
 )
-from forecaster.validation import validate_long_frame
+from forecaster.validation import infer_frequency, validate_long_frame
 
 
 def test_calendar_features_are_scaled_and_ordered():
@@ -62,13 +68,17 @@ def test_calendar_features_accept_series_and_arrays():
         ("15min", 96),
         ("D", 7),
         ("B", 5),
+        ("2B", 1),  # a business week of 5 days is no whole number of 2-day steps
         ("W", 52),
+        ("2W", 1),
         ("W-MON", 52),
         ("MS", 12),
         ("ME", 12),
         ("M", 12),
         ("bh", 8),  # a business day
         ("bh=07:00-19:00", 12),
+        ("2bh", 1),
+        ("bh=08:00-08:00", 1),  # no opening hours: not a frequency
         ("SMS", 24),
         ("SM", 24),  # pandas 2's spelling of "SME"
         ("QS", 4),
@@ -330,8 +340,13 @@ def test_business_hours_other_than_pandas_default_keep_their_hours():
         steps_after(friday, "bh=08:00-18:00", 3)[0],
         np.array(["2024-01-08T08:00", "2024-01-08T09:00", "2024-01-08T10:00"], "datetime64[ns]"),
     )
-    with pytest.raises(FrequencyInferenceError, match="opens at or after it closes"):
-        parse_freq("bh=18:00-08:00")
+    for shut in ("bh=18:00-08:00", "bh=08:00-08:00"):
+        with pytest.raises(FrequencyInferenceError, match="opens at or after it closes"):
+            parse_freq(shut)
+    # pandas has no business day that never closes: named, not its own ValueError
+    with pytest.raises(FrequencyInferenceError, match="around the clock.*'h'"):
+        parse_freq("bh=00:00-24:00")
+    assert season_length("bh=00:00-24:00") == 1
 
 
 @pytest.mark.parametrize(
@@ -424,3 +439,47 @@ def test_legacy_month_alias_means_month_ends():
         pd.Timestamp("2024-07-31"),
         pd.Timestamp("2024-08-31"),
     ]
+
+
+def test_local_times_a_daylight_saving_change_skips_or_repeats_come_back_in_one_way():
+    """Forecast steps read on the wall clock, back in the history's zone: 02:30 on 31 March
+    does not exist in Berlin and moves on to 03:00 summer time; 02:30 on 27 October happens
+    twice and takes standard time (+01:00). Neither is an error or NaT."""
+    ds = pd.Series(pd.to_datetime(["2024-03-31 02:30", "2024-10-27 02:30"]))
+    got = in_zone(ds, "Europe/Berlin", wall_clock=True)
+    assert got.tolist() == [
+        pd.Timestamp("2024-03-31 03:00", tz="Europe/Berlin"),
+        pd.Timestamp("2024-10-27 02:30+01:00", tz="Europe/Berlin"),
+    ]
+    assert got.dt.tz_convert("UTC").tolist() == [
+        pd.Timestamp("2024-03-31 01:00", tz="UTC"),
+        pd.Timestamp("2024-10-27 01:30", tz="UTC"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("ds", "expected"),
+    [
+        (["2023-02-01", "2023-03-01"], "MS"),  # February: 28 days, still a month
+        (["2023-01-31", "2023-02-28"], "ME"),
+        (["2024-01-01", "2024-02-01"], "MS"),  # 31 days
+        (["2024-01-01", "2024-01-28", "2024-02-24"], "27D"),  # shorter than any month
+        (["2024-01-01", "2024-02-02"], "32D"),  # longer than any month
+    ],
+)
+def test_month_long_steps_are_monthly(ds, expected):
+    assert infer_frequency(pd.Series(pd.to_datetime(ds))) == expected
+
+
+@pytest.mark.parametrize("freq", ["SMS-27", "SME-27"])
+def test_twice_monthly_data_on_day_27_is_semi_monthly(freq):
+    ds = pd.date_range("2024-01-01", periods=12, freq=freq)
+    assert infer_frequency(pd.Series(ds)) == freq
+
+
+def test_data_on_the_1st_and_28th_is_refused_as_irregular():
+    """pandas' semi-month offsets stop at day 27: data on the 1st and 28th of each month has
+    no frequency, and is an error of the library's, not pandas' ValueError."""
+    ds = pd.DatetimeIndex([f"2024-{m:02d}-{d:02d}" for m in range(1, 7) for d in (1, 28)])
+    with pytest.raises(IrregularTimestampsError, match="off-grid"):
+        infer_frequency(pd.Series(ds))

@@ -365,7 +365,8 @@ def _check_arguments(covariates: Sequence[str], min_length: int, target: str) ->
     covariates = list(covariates)
     if not isinstance(min_length, int | np.integer) or min_length < 1:
         raise InvalidConfigError(f"min_length: expected an int >= 1, got {min_length!r}")
-    reserved = {ID, TIME, target}
+    # The result holds the target as TARGET whatever its name, so a covariate can take neither.
+    reserved = {ID, TIME, TARGET, target}
     clash = [c for c in covariates if c in reserved]
     if clash:
         raise InvalidConfigError(

@@ -13,6 +13,7 @@ from forecaster.errors import (
     EmptyDataError,
     ForecasterInputError,
     FrequencyInferenceError,
+    InvalidConfigError,
     InvalidTimestampsError,
     IrregularTimestampsError,
     MissingColumnsError,
@@ -631,3 +632,108 @@ def test_min_length_counts_observed_values_not_rows():
     with pytest.raises(SeriesTooShortError, match="'a' has 3 observed points, expected at least 5"):
         validate_long_frame(df, min_length=5, allow_missing=True)
     assert validate_long_frame(df, min_length=3, allow_missing=True).n_series == 1
+
+
+@pytest.mark.parametrize(
+    ("target", "name"),
+    [("y", "unique_id"), ("y", "ds"), ("y", "y"), ("sales", "sales"), ("sales", "y")],
+)
+def test_a_covariate_named_after_a_required_column_is_refused(target, name):
+    """Also `y` beside another target: the result holds the target as `y`, and a covariate
+    of that name replaced it there without a word."""
+    df = frame("h", n=5).rename(columns={"y": target}).assign(y=7.0)
+    with pytest.raises(InvalidConfigError, match=f"got \\['{name}'\\]") as info:
+        validate_long_frame(df, covariates=[name], target=target)
+    assert info.value.field == "covariates"
+
+
+def test_a_covariate_named_twice_is_refused():
+    with pytest.raises(InvalidConfigError, match="expected distinct names") as info:
+        validate_long_frame(frame("h", n=5, promo=1.0), covariates=["promo", "promo"])
+    assert info.value.field == "covariates"
+
+
+def test_a_single_covariate_name_is_one_covariate_not_its_letters():
+    out = validate_long_frame(frame("h", n=5, promo=1.0), covariates="promo").frame
+    assert list(out.columns) == ["unique_id", "ds", "y", "promo"]
+
+
+@pytest.mark.parametrize("min_length", [0, -1, 2.5, "3"])
+def test_min_length_must_be_a_positive_int(min_length):
+    with pytest.raises(InvalidConfigError, match="min_length: expected an int >= 1"):
+        validate_long_frame(frame(), min_length=min_length)
+
+
+def test_a_series_with_no_observed_value_is_named_as_such_not_as_too_short():
+    df = frame(n=5)
+    df.loc[5:, "y"] = np.nan  # every value of series b
+    with pytest.raises(MissingValuesError, match="'b' has no observed value") as info:
+        validate_long_frame(df, allow_missing=True)
+    assert (info.value.series_id, info.value.field) == ("b", "y")
+
+
+def test_at_most_ten_missing_steps_per_observed_one_are_filled():
+    """Three observed hours may span 33 (30 missing); one more missing step is refused as a
+    wrong frequency rather than filled."""
+
+    def with_sparse(last_hour: int) -> pd.DataFrame:
+        ds = pd.Timestamp("2024-01-01") + pd.to_timedelta([0, 1, last_hour], unit="h")
+        sparse = pd.DataFrame({"unique_id": "sparse", "ds": ds, "y": 1.0})
+        return pd.concat([frame("h", n=40, ids=("dense",)), sparse], ignore_index=True)
+
+    filled = validate_long_frame(with_sparse(32), freq="h", allow_missing=True).frame
+    sparse = filled[filled["unique_id"] == "sparse"]
+    assert len(sparse) == 33 and sparse["y"].isna().sum() == 30
+    with pytest.raises(
+        IrregularTimestampsError,
+        match="'sparse': 3 timestamps span 34 steps of frequency 'h'; expected at most 10 missing",
+    ) as info:
+        validate_long_frame(with_sparse(33), freq="h", allow_missing=True)
+    assert (info.value.series_id, info.value.field) == ("sparse", "ds")
+
+
+def test_business_days_warning_says_how_they_are_read_and_points_at_the_caller():
+    daily = frame("D", n=60, ids=("sales",))
+    market = frame("B", n=40, ids=("market",), start="2024-01-01")
+    with pytest.warns(UserWarning) as record:
+        validate_long_frame(pd.concat([daily, market]), allow_missing=True)
+    [warning] = record
+    assert (
+        "but are read as daily, with weekends missing, beside series read every day; fit them "
+        "apart to forecast their next business days" in str(warning.message)
+    )
+    assert warning.filename == __file__
+
+
+def test_business_days_are_not_warned_of_when_the_frequency_is_given():
+    """A fitted model passes its frequency at every forecast: the caller has said daily."""
+    daily = frame("D", n=60, ids=("sales",))
+    market = frame("B", n=40, ids=("market",), start="2024-01-01")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        found = validate_long_frame(pd.concat([daily, market]), freq="D", allow_missing=True)
+    assert found.freq == "D"
+
+
+def test_weekdays_that_never_step_from_friday_to_monday_are_not_business_days():
+    """Monday to Wednesday, then Tuesday to Thursday of the next week: read as daily on its
+    own, so not named beside a daily series."""
+    days = ["2024-01-01", "2024-01-02", "2024-01-03", "2024-01-09", "2024-01-10", "2024-01-11"]
+    weekdays = pd.DataFrame({"unique_id": "odd", "ds": pd.to_datetime(days), "y": 1.0})
+    assert validate_long_frame(weekdays, allow_missing=True).freq == "D"
+    daily = frame("D", n=60, ids=("sales",))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        found = validate_long_frame(pd.concat([daily, weekdays]), allow_missing=True)
+    assert found.freq == "D"
+
+
+def test_a_missing_timestamp_in_datetime64_columns_is_named():
+    """The service's road hands `ds` over already as datetime64[ns]: a NaT in it is a missing
+    timestamp, named like one in a frame."""
+    columns = columns_of(frame())
+    columns["ds"] = columns["ds"].copy()
+    columns["ds"][13] = np.datetime64("NaT")
+    with pytest.raises(InvalidTimestampsError, match="'b': ds is missing at row 13") as info:
+        validate_long_frame(columns)
+    assert (info.value.series_id, info.value.field) == ("b", "ds")

@@ -49,6 +49,8 @@ def test_promotion_rules_and_rollback(store, data_csv, capsys):
     assert tags["promotion.decision"] == "rejected"
     assert "margin 10.0%" in tags["promotion.reason"]
     assert tags["promotion.compared_with"] == "1"
+    # Rollback reads this tag as the version a promotion replaced: a rejection replaced none.
+    assert "promotion.previous_champion" not in tags
     assert float(tags["promotion.challenger_score"]) == pytest.approx(
         float(tags["promotion.champion_score"])
     )
@@ -176,6 +178,37 @@ def test_an_unloadable_champion_is_judged_absent_not_a_crash(store, data_csv, tm
     assert main(["rollback", "--config", str(cfg)]) == 3
     assert f"version {version}): its artifacts cannot be loaded" in capsys.readouterr().err
     assert _aliases(store)["champion"] == challenger
+
+
+def test_a_champion_whose_artifacts_are_gone_is_judged_absent(store, data_csv, tmp_path):
+    """Artifacts deleted from the store under a registered champion (a cleaned bucket, a lost
+    disk) must not block every later retrain either."""
+    client = client_for(store)
+    source = client.get_model_version_download_uri("forecaster", "1")
+    gone = tmp_path / "gone-model"
+    shutil.copytree(source.removeprefix("file://"), gone)
+    version = client.create_model_version("forecaster", str(gone), run_id=None).version
+    client.set_registered_model_alias("forecaster", "champion", version)
+    shutil.rmtree(gone)
+
+    args = ["--config", str(config_file(store)), "--data", str(data_csv)]
+    assert main(["train", *args]) == 0
+    assert main(["promote", *args]) == 0
+    challenger = _aliases(store)["challenger"]
+    tags = client.get_model_version("forecaster", challenger).tags
+    assert f"champion version {version} cannot be loaded" in tags["promotion.reason"]
+    assert tags["promotion.decision"] == "promoted", tags["promotion.reason"]
+
+
+def test_a_longer_horizon_challenger_is_judged_on_the_champions_horizon(store, data_csv):
+    """The two are compared on the same windows: the horizon both forecast (the champion's
+    12 steps), not the challenger's 24, which the champion cannot forecast."""
+    args = ["--config", str(config_file(store)), "--data", str(data_csv)]
+    assert main(["train", *args, "--set", "model.prediction_length=24"]) == 0
+    assert main(["promote", *args]) == 0
+    tags = client_for(store).get_model_version("forecaster", "2").tags
+    assert tags["promotion.compared_with"] == "1"
+    assert "over the last 3 x 12 points" in tags["promotion.reason"], tags["promotion.reason"]
 
 
 def test_a_named_version_is_judged_not_whatever_challenger_names_by_then(store, data_csv):

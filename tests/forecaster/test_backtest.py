@@ -9,6 +9,7 @@ import pytest
 from forecaster.backtest import BacktestResult, backtest
 from forecaster.baselines import SeasonalNaive
 from forecaster.errors import EmptyDataError, InvalidConfigError, SeriesTooShortError
+from forecaster.metrics import mase
 from forecaster.synthetic import generate_synthetic
 
 
@@ -185,3 +186,121 @@ def test_forecasts_come_back_in_the_callers_ids_and_zone(fitted, series):
     )
     assert result.metrics == pytest.approx(naive.metrics)
     np.testing.assert_allclose(result.by_series("mase"), naive.by_series("mase"))
+
+
+class Zero:
+    """Forecasts 0 after each series of yearly data, recording the history lengths it is
+    given; `drop_last` leaves out its last row (a model that forgets a forecast)."""
+
+    max_horizon = 2
+    freq = None
+
+    def __init__(self, min_history=1, context_length=None, drop_last=False):
+        self.min_history = min_history
+        if context_length is not None:
+            self.context_length = context_length
+        self.drop_last = drop_last
+        self.lengths: list[dict[str, int]] = []
+
+    def predict(self, df, horizon=None, quantiles=None, future_df=None):
+        self.lengths.append(df.groupby("unique_id").size().to_dict())
+        last = df.groupby("unique_id")["ds"].max()
+        out = pd.concat(
+            pd.DataFrame(
+                {
+                    "unique_id": sid,
+                    "ds": pd.date_range(end, periods=horizon + 1, freq="YS")[1:],
+                    "mean": 0.0,
+                }
+            )
+            for sid, end in last.items()
+        )
+        return out.iloc[:-1] if self.drop_last else out
+
+
+def _yearly(**values) -> pd.DataFrame:
+    return pd.concat(
+        pd.DataFrame(
+            {
+                "unique_id": sid,
+                "ds": pd.date_range("2000-01-01", periods=len(y), freq="YS"),
+                "y": np.asarray(y, dtype=np.float64),
+            }
+        )
+        for sid, y in values.items()
+    ).reset_index(drop=True)
+
+
+def test_mase_by_step_averages_per_series_first_and_a_missing_truth_is_not_scored():
+    """Yearly (season 1), horizon 2, cuts after 4 and 6 points, a zero forecast: a's scale is
+    2, b's 4. b's last point is missing: it is forecast but not scored, and b's one error at
+    step 2 weighs as much as a's two (per series, then over series)."""
+    df = _yearly(a=[0, 2, 0, 2, 2, 2, 4, 6], b=[0, 4, 0, 4, 0, 4, 0, np.nan])
+    result = backtest(Zero(), df, n_windows=2, step=2)
+    assert result.season_length == 1
+    assert len(result.forecasts) == 7 and result.forecasts["y"].notna().all()
+    # Scaled errors: a [1, 1 | 2, 3], b [0, 1 | 0, -]; step 1: mean(1.5, 0); step 2: mean(2, 1).
+    np.testing.assert_allclose(result.mase_by_step(), [0.75, 1.5])
+    assert result.metrics["mase"] == pytest.approx((7 / 4 + 1 / 3) / 2)
+    assert result.metrics["mae"] == pytest.approx((2 + 2 + 4 + 6 + 0 + 4 + 0) / 7)
+
+
+def test_a_series_exactly_long_enough_for_the_windows_after_min_history_is_scored():
+    """min_history 4, horizon 2, two windows 3 apart: 4 + 2 + 3 = 9 points are enough, the
+    first window reading exactly 4; 8 are not."""
+    model = Zero(min_history=4)
+    result = backtest(model, _yearly(a=np.arange(9.0)), n_windows=2, step=3)
+    assert model.lengths == [{"a": 4}, {"a": 7}]
+    assert len(result.forecasts) == 4
+    with pytest.raises(SeriesTooShortError, match="after the model's min_history of 4 points"):
+        backtest(Zero(min_history=4), _yearly(a=np.arange(8.0)), n_windows=2, step=3)
+
+
+def test_a_series_is_scored_when_the_oldest_point_of_its_context_is_observed():
+    """Context 3 before the cut after 6 points: b's only observed value there is the oldest
+    (position 3), which the model can read; c's last observed value is one step older."""
+    gap = [np.nan, np.nan, 1.0, 1.0]
+    df = _yearly(
+        a=np.arange(8.0), b=[1.0, 1.0, 1.0, 1.0, *gap], c=[1.0, 1.0, 1.0, *[np.nan] * 3, 1.0, 1.0]
+    )
+    result = backtest(Zero(context_length=3), df, n_windows=1)
+    assert sorted(result.forecasts["unique_id"].unique()) == ["a", "b"]
+
+
+def test_a_window_with_nothing_observed_to_score_says_so():
+    df = _yearly(a=[1.0, 2.0, 3.0, 4.0, np.nan, np.nan])
+    with pytest.raises(EmptyDataError, match="no observed value to score in the last 1") as info:
+        backtest(Zero(), df, n_windows=1)
+    assert info.value.field == "y"
+
+
+def test_a_forecast_the_model_does_not_return_is_an_error():
+    df = _yearly(a=np.arange(6.0), b=np.arange(6.0))
+    with pytest.raises(RuntimeError, match="returned no forecast for series 'b' at 2005-01-01"):
+        backtest(Zero(drop_last=True), df, n_windows=1)
+
+
+@pytest.mark.parametrize("bad", [{"horizon": 0}, {"step": 0}, {"n_windows": 0}])
+def test_a_horizon_step_or_window_count_below_one_is_refused(bad):
+    name = next(iter(bad))
+    with pytest.raises(InvalidConfigError, match=f"{name}: expected an int >= 1, got 0") as info:
+        backtest(Zero(), _yearly(a=np.arange(12.0)), **{"n_windows": 2, **bad})
+    assert info.value.field == name
+
+
+def test_the_default_step_is_the_horizon_and_mase_uses_the_frequencys_season():
+    """Hourly data: windows do not overlap by default, and MASE is scaled by the 24-step
+    seasonal-naive error of each series' history before its first forecast."""
+    df = generate_synthetic(n_series=2, n_steps=24 * 5, freq="h", seed=1)
+    result = backtest(SeasonalNaive(horizon=6).fit(df), df, n_windows=2)
+    assert result.season_length == 24
+    fc = result.forecasts
+    assert not fc.duplicated(["unique_id", "ds"]).any()
+    assert (fc.groupby("unique_id")["cutoff"].unique().map(len) == 2).all()
+    cutoffs = np.sort(fc["cutoff"].unique())
+    assert cutoffs[1] - cutoffs[0] == np.timedelta64(6, "h")
+    expected = []
+    for sid, rows in fc.groupby("unique_id"):
+        insample = df.loc[(df["unique_id"] == sid) & (df["ds"] < rows["ds"].min()), "y"]
+        expected.append(mase(rows["y"], rows["mean"], insample.to_numpy(), season_length=24))
+    assert result.metrics["mase"] == pytest.approx(np.mean(expected))

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from forecaster.errors import EmptyDataError, InvalidConfigError, MissingColumnsError
 from forecaster.metrics import (
     coverage,
     coverage_by_history,
@@ -14,8 +15,10 @@ from forecaster.metrics import (
     mase,
     mase_scale,
     mase_scales,
+    metric_by_group,
     mse,
     pinball_loss,
+    quantiles_in,
     rmse,
     smape,
 )
@@ -186,3 +189,117 @@ def test_the_frame_and_the_array_mase_scales_are_one_definition():
     assert np.isfinite(scales[:2]).all() and np.isnan(scales[2])
     seasonal = mase_scales(forecasts, history, season_length=7, seasonal_only=True)
     assert seasonal[0] == pytest.approx(scales[0]) and np.isnan(seasonal[1:]).all()
+
+
+def test_smape_is_the_m4_definition_for_negative_values():
+    """The denominator is |y| + |y_hat|, not |y + y_hat|: opposite signs are the worst
+    forecast (200), not a 0/0 counted as perfect."""
+    assert smape(np.array([-1.0]), np.array([3.0])) == pytest.approx(200.0)  # 200 * 4 / 4
+    # 200/2 * (4/4 + 1/3)
+    assert smape(np.array([-2.0, -1.0]), np.array([2.0, -2.0])) == pytest.approx(100 * 4 / 3)
+
+
+def test_a_history_of_exactly_one_season_is_scaled_by_its_one_step_differences():
+    # Four points, season 4: no seasonal difference, so lag 1: (2 + 1 + 2) / 3.
+    assert mase_scale(np.array([1.0, 3.0, 2.0, 4.0]), season_length=4) == pytest.approx(5 / 3)
+    # One point more: the one seasonal difference |6 - 1|.
+    assert mase_scale(np.array([1.0, 3.0, 2.0, 4.0, 6.0]), season_length=4) == pytest.approx(5.0)
+
+
+def test_no_mase_scale_for_a_zero_or_a_negative_repeating_history():
+    """All zeros has a scale of exactly 0 (NaN, not inf); a series below zero that repeats
+    itself to rounding has none either, as its mirror image above zero has none."""
+    assert np.isnan(mase_scale(np.zeros(10), season_length=1))
+    assert np.isnan(mase(Y, Y_HAT, np.zeros(10), season_length=1))
+    t = np.arange(24 * 20)
+    periodic = -1e6 * (1 + 0.1 * np.sin(2 * np.pi * t / 24))
+    assert 0 < np.abs(periodic[24:] - periodic[:-24]).mean() < 1e-9
+    assert np.isnan(mase(periodic[:24] + 1, periodic[:24], periodic, season_length=24))
+
+
+@pytest.mark.parametrize("season_length", [0, -1])
+def test_mase_refuses_a_season_length_below_one(season_length):
+    with pytest.raises(
+        InvalidConfigError, match=f"season_length: expected >= 1, got {season_length}"
+    ):
+        mase(Y, Y_HAT, np.array([1.0, 3.0, 2.0, 4.0]), season_length=season_length)
+
+
+def test_a_point_on_either_bound_is_inside_the_interval():
+    y = np.array([1.0, 3.0, 5.0])
+    lower, upper = np.array([1.0, 1.0, 1.0]), np.array([3.0, 3.0, 4.0])
+    assert coverage(y, lower, upper) == pytest.approx(2 / 3)  # 1 on lower, 3 on upper, 5 out
+
+
+def _quantile_frame(columns: list[str]) -> pd.DataFrame:
+    """Two series of three days, 'a' off by [1, 0, 2] and 'b' exact; 'b' has a constant
+    history (no MASE scale), 'a' the lag-1 scale 5/3."""
+    values = {
+        "q0.1": np.r_[Y_HAT - 1, Y - 1],  # a: [1, 1, 4]; b: [0, 1, 2]
+        "q0.5": np.r_[Y_HAT, Y],
+        "q0.9": np.r_[Y_HAT + 0.5, Y + 1],  # a: [2.5, 2.5, 5.5]; b: [2, 3, 4]
+    }
+    frame = pd.DataFrame(
+        {
+            "unique_id": ["a"] * 3 + ["b"] * 3,
+            "ds": list(pd.date_range("2024-01-05", periods=3, freq="D")) * 2,
+            "y": np.r_[Y, Y],
+            "mean": np.r_[Y_HAT, Y],
+        }
+    )
+    for column in columns:
+        frame[column] = values.get(column, 7.0)
+    return frame
+
+
+_QUANTILE_HISTORY = pd.DataFrame(
+    {
+        "unique_id": ["a"] * 4 + ["b"] * 4,
+        "ds": list(pd.date_range("2024-01-01", periods=4, freq="D")) * 2,
+        "y": [1.0, 3.0, 2.0, 4.0, 5.0, 5.0, 5.0, 5.0],
+    }
+)
+
+
+def test_quantile_columns_are_read_in_increasing_order_and_only_inside_0_1():
+    """Columns out of order, or other columns starting with "q" (a quarter `q1`, `q0`, a
+    `qty`, a `q0.50` that is not how a level is named) change nothing."""
+    frame = _quantile_frame(["q0.9", "qty", "q0.5", "q1", "q0", "q0.50", "q0.1"])
+    assert quantiles_in(frame) == [0.1, 0.5, 0.9]
+    expected = evaluate(_quantile_frame(["q0.1", "q0.5", "q0.9"]), _QUANTILE_HISTORY, 1)
+    # a covers 2 of 3 (y = 3 is above 2.5), b all 3.
+    assert expected["coverage_80"] == pytest.approx(5 / 6)
+    assert evaluate(frame, _QUANTILE_HISTORY, 1) == pytest.approx(expected)
+    given_backwards = evaluate(frame, _QUANTILE_HISTORY, 1, quantiles=[0.9, 0.5, 0.1])
+    assert given_backwards == pytest.approx(expected)
+
+
+def test_evaluate_averages_mase_over_the_series_with_a_scale():
+    """'b' has a constant history: it is left out of MASE, not a NaN mean; 'a' is 1 / (5/3)."""
+    result = evaluate(_quantile_frame([]), _QUANTILE_HISTORY, season_length=1)
+    assert result["mase"] == pytest.approx(0.6)
+    assert set(result) == {"mae", "mse", "rmse", "smape", "mase"}
+
+
+def test_evaluate_refuses_an_empty_frame():
+    empty = _quantile_frame(["q0.1", "q0.9"]).iloc[:0]
+    with pytest.raises(EmptyDataError, match="forecasts: no rows to evaluate"):
+        evaluate(empty, _QUANTILE_HISTORY, season_length=1)
+
+
+def test_metric_by_group_values_per_series():
+    frame = _quantile_frame(["q0.1", "q0.9"])
+    rmse_by_series = metric_by_group(frame, _QUANTILE_HISTORY, 1, "rmse")
+    assert rmse_by_series.name == "rmse"
+    # a: sqrt((1 + 0 + 4) / 3), the root of the mean, not the mean of absolute errors; b: 0.
+    np.testing.assert_allclose(rmse_by_series.loc[["a", "b"]], [np.sqrt(5 / 3), 0.0])
+    mase_by_series = metric_by_group(frame, _QUANTILE_HISTORY, 1, "mase")
+    assert mase_by_series["a"] == pytest.approx(0.6) and np.isnan(mase_by_series["b"])
+
+
+def test_metric_by_group_refuses_an_unknown_metric_or_pinball_without_quantiles():
+    frame = _quantile_frame([])
+    with pytest.raises(InvalidConfigError, match="metric: expected one of mae, .*got 'mape'"):
+        metric_by_group(frame, _QUANTILE_HISTORY, 1, "mape")
+    with pytest.raises(MissingColumnsError, match="no quantile columns for pinball"):
+        metric_by_group(frame, _QUANTILE_HISTORY, 1, "pinball")

@@ -399,3 +399,37 @@ def test_the_threshold_must_be_positive_and_finite(threshold):
         TrainConfig(seasonal_glitch_factor=threshold)
     with pytest.raises(InvalidConfigError, match="zero_glitch_ratio"):
         TrainConfig(zero_glitch_ratio=threshold - 1.0)
+
+
+@pytest.mark.parametrize("second", [400.0, -200.0])
+def test_two_outlying_steps_in_a_row_are_not_glitches_however_far_apart(second):
+    """A neighbour that is itself outlying is no ordinary reading to judge a step by, even
+    when the two lie far from each other (+200 then +400, or +200 then -200)."""
+    values = _noisy_daily_cycle()
+    values[100] += 200
+    values[101] += second
+    assert _glitches(values) == []
+    assert _glitches(values, **RULE) == []
+
+
+def test_the_seasonal_factor_scales_the_cycles_threshold():
+    """A zero at the day's peak lies about 80 robust deviations from the same hour of the days
+    around it: a glitch at 8 or 40 of them, not at 160."""
+    values = _strong_daily_cycle()
+    values[24 * 7 + 6] = 0.0
+    assert _glitches(values, seasonal_factor=1.0) == [24 * 7 + 6]
+    assert _glitches(values, seasonal_factor=5.0) == [24 * 7 + 6]
+    assert _glitches(values, seasonal_factor=20.0) == []
+
+
+@pytest.mark.parametrize("spike", [29, 31])
+def test_a_zero_beside_a_glitch_is_judged_as_beside_a_gap(spike):
+    """The level's glitch is masked before the zeros are read: the zero beside it has one
+    neighbour, so the other readings (their nearest 0.4 of the level) must lie twice the
+    ratio from zero: at 0.3 it is kept, at 0.15 it is a glitch."""
+    rng = np.random.default_rng(0)
+    values = 100 + rng.uniform(-60, 60, 60)
+    values[spike], values[30] = 1000.0, 0.0
+    rule = {"season": 1, "seasonal_factor": 1.0, "threshold": 12}
+    assert _glitches(values, **rule, zero_ratio=0.3) == [spike]
+    assert _glitches(values, **rule, zero_ratio=0.15) == sorted([spike, 30])

@@ -1,16 +1,21 @@
 import dataclasses
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
+from forecaster import ModelConfig
 from forecaster.metrics import mase_scale
+from forecaster.validation import validate_long_frame
 from forecaster.windows import (
     SeriesPanel,
     WindowBatch,
+    covariate_matrix,
     gather_windows,
     series_scales,
     with_frequency_masking,
+    with_history,
     with_outages,
 )
 
@@ -36,7 +41,7 @@ def test_an_outage_is_one_span_of_the_context_half_of_them_up_to_the_origin():
 
     lost = ~out.past_observed_mask.numpy()
     spans = lost.sum(axis=1)
-    assert spans.min() >= 1 and spans.max() <= max_span
+    assert spans.min() == 1 and spans.max() == max_span, "every length 1 .. max_span"
     # One contiguous span per window: exactly one observed -> lost edge.
     edges = np.diff(np.pad(lost.astype(int), ((0, 0), (1, 0))), axis=1)
     assert ((edges == 1).sum(axis=1) == 1).all()
@@ -179,3 +184,146 @@ def test_training_windows_run_past_a_series_end_with_those_targets_unobserved():
     np.testing.assert_array_equal(batch.past_observed_mask.sum(dim=1), [1, 2, 3, 4, 1, 2])
     last_b = batch.future_values[-1].numpy()
     np.testing.assert_array_equal(last_b, [30.0, 0.0, 0.0, 0.0])  # not series a's values
+
+
+def panel_of(*series: np.ndarray, covariates: bool = False) -> SeriesPanel:
+    """Series laid end to end, each error unit its series' number (1, 2, ...); with
+    `covariates`, one covariate that reads each step's index in the panel, plus one."""
+    values = np.concatenate(series)
+    cov = np.arange(1.0, len(values) + 1, dtype=np.float32)[:, None]
+    return SeriesPanel(
+        values=values,
+        covariates=cov if covariates else np.zeros((len(values), 0), dtype=np.float32),
+        series_ids=[f"s{k}" for k in range(len(series))],
+        offsets=np.cumsum([0] + [len(s) for s in series]),
+        loss_scale=np.arange(1.0, len(series) + 1),
+    )
+
+
+def test_window_origins_leave_min_context_steps_of_history_and_whole_horizons_of_targets():
+    """Series of 7, 3 and 6 points at offsets 0, 7 and 10; a horizon of 2."""
+    panel = panel_of(np.arange(7.0), np.arange(3.0), np.arange(6.0))
+    np.testing.assert_array_equal(panel.window_origins(2, min_context=3), [3, 4, 5, 13, 14])
+    # One minimum per series: the middle series now gives a window, the last one fewer.
+    np.testing.assert_array_equal(
+        panel.window_origins(2, min_context=np.array([1, 1, 4])), [1, 2, 3, 4, 5, 8, 14]
+    )
+    # One target inside the series is enough: origins run up to each series' last step.
+    np.testing.assert_array_equal(
+        panel.window_origins(2, min_context=3, min_targets=1), [3, 4, 5, 6, 13, 14, 15]
+    )
+    assert len(panel.window_origins(2, min_context=7)) == 0
+
+
+def test_a_window_holds_the_context_before_its_origin_then_its_targets():
+    """Context steps before the series' first step are padding and a NaN inside the series is
+    a gap: both read 0 and unobserved; the step at the origin is the first target, never
+    context."""
+    panel = panel_of(np.array([1.0, 2.0, np.nan, 4.0, 5.0, 6.0]), np.array([10.0, 20.0, 30.0]))
+    batch = gather_windows(panel, np.array([2, 4, 7]), context_length=4, horizon=2)
+    np.testing.assert_array_equal(batch.past_values, [[0, 0, 1, 2], [1, 2, 0, 4], [0, 0, 0, 10]])
+    np.testing.assert_array_equal(
+        batch.past_observed_mask,
+        [[False, False, True, True], [True, True, False, True], [False, False, False, True]],
+    )
+    np.testing.assert_array_equal(batch.future_values, [[0, 4], [5, 6], [20, 30]])
+    np.testing.assert_array_equal(
+        batch.future_observed_mask, [[False, True], [True, True], [True, True]]
+    )
+    np.testing.assert_array_equal(batch.loss_scale, [[1.0], [1.0], [2.0]])
+    assert batch.past_covariates is None and batch.future_covariates is None
+
+
+def test_forecast_windows_end_at_each_series_last_step_and_read_nothing_past_it():
+    """From `last_origins` the context is the series' last steps and the targets, past its
+    end, are unobserved: neither the next series nor its covariates leak into them."""
+    panel = panel_of(np.array([1.0, 2.0, 3.0]), np.array([10.0, 20.0]), covariates=True)
+    origins = panel.last_origins()
+    np.testing.assert_array_equal(origins, [3, 5])
+    np.testing.assert_array_equal(panel.series_of(origins), [0, 1])
+    batch = gather_windows(panel, origins, context_length=3, horizon=2)
+    np.testing.assert_array_equal(batch.past_values, [[1, 2, 3], [0, 10, 20]])
+    np.testing.assert_array_equal(batch.past_observed_mask, [[True] * 3, [False, True, True]])
+    assert not batch.future_observed_mask.any()
+    assert not batch.future_values.any()
+    np.testing.assert_array_equal(batch.loss_scale, [[1.0], [2.0]])
+    # The covariate reads each step's index plus one; padding and steps past the end read 0.
+    np.testing.assert_array_equal(batch.past_covariates[..., 0], [[1, 2, 3], [0, 4, 5]])
+    assert not batch.future_covariates.any()
+
+
+def test_covariates_of_a_window_are_those_of_its_steps():
+    panel = panel_of(np.arange(6.0), covariates=True)
+    batch = gather_windows(panel, np.array([1, 3]), context_length=2, horizon=2)
+    np.testing.assert_array_equal(batch.past_covariates[..., 0], [[0, 1], [2, 3]])
+    np.testing.assert_array_equal(batch.future_covariates[..., 0], [[2, 3], [4, 5]])
+
+
+def test_with_history_keeps_only_the_last_steps_before_the_origin():
+    """Each window as if its series had begun `keep` steps before the origin: earlier steps
+    read 0 and unobserved, a gap or padding inside the kept steps stays unobserved, and the
+    targets are untouched."""
+    observed = torch.ones(4, 6, dtype=torch.bool)
+    observed[1, 4] = False  # a gap among the kept steps
+    observed[2, :3] = False  # left padding longer than what is cut
+    batch = batch_of(observed)
+    out = with_history(batch, torch.tensor([1, 3, 6, 0]))
+    np.testing.assert_array_equal(
+        out.past_observed_mask,
+        [
+            [False] * 5 + [True],
+            [False, False, False, True, False, True],
+            [False, False, False, True, True, True],
+            [False] * 6,
+        ],
+    )
+    np.testing.assert_array_equal(
+        out.past_values, [[0, 0, 0, 0, 0, 6], [0, 0, 0, 4, 0, 6], [0, 0, 0, 4, 5, 6], [0] * 6]
+    )
+    assert out.future_values is batch.future_values
+    assert out.future_observed_mask is batch.future_observed_mask
+
+
+def test_frequency_masking_keeps_the_window_length_when_context_and_targets_are_odd():
+    """L + H = 73: the joined window's spectrum is turned back into 73 steps, not 72."""
+    batch = complete_batch(50, 48, 25)
+    out = with_frequency_masking(batch, 1.0, 0.3, np.random.default_rng(0))
+    assert out.past_values.shape == (50, 48) and out.future_values.shape == (50, 25)
+    assert (out.future_values != batch.future_values).any()
+    kept = with_frequency_masking(batch, 1.0, 0.0, np.random.default_rng(0))
+    torch.testing.assert_close(kept.past_values, batch.past_values)
+    torch.testing.assert_close(kept.future_values, batch.future_values)
+
+
+def test_a_constant_series_counts_its_errors_relative_to_its_level():
+    """Three readings of 0.1 leave a std of 1e-17 in floating point, not 0: the unit is still
+    the level, not a spread that would weigh the series' errors 1e16 times."""
+    values = np.concatenate([np.full(3, 0.1), np.full(7, 7.7)])
+    np.testing.assert_allclose(series_scales(values, np.array([0, 3, 10]), "std"), [0.1, 7.7])
+
+
+def test_a_panel_reads_the_rows_marked_unobserved_as_missing():
+    """Masked rows (training glitches) are gaps: NaN in the panel, left out of the series'
+    error unit too."""
+    frame = pd.DataFrame(
+        {
+            "unique_id": ["a"] * 4 + ["b"] * 3,
+            "ds": [*pd.date_range("2024-01-01", periods=4, freq="h")]
+            + [*pd.date_range("2024-01-01", periods=3, freq="h")],
+            "y": [1.0, 2.0, 1000.0, 4.0, 10.0, 20.0, 30.0],
+        }
+    )
+    config = ModelConfig(prediction_length=2, loss_unit="std")
+    unobserved = np.array([False, False, True, False, False, False, False])
+    panel = SeriesPanel.from_validated(validate_long_frame(frame), config, unobserved)
+    np.testing.assert_array_equal(panel.values, [1.0, 2.0, np.nan, 4.0, 10.0, 20.0, 30.0])
+    assert panel.series_ids == ["a", "b"]
+    np.testing.assert_array_equal(panel.offsets, [0, 4, 7])
+    np.testing.assert_allclose(panel.loss_scale, [np.std([1.0, 2.0, 4.0]), np.std([10, 20, 30])])
+
+
+def test_a_missing_covariate_reads_zero():
+    frame = {"ds": pd.date_range("2024-01-01", periods=3, freq="h"), "x": [1.0, np.nan, 3.0]}
+    cov = covariate_matrix(frame, ModelConfig(prediction_length=2, covariates=("x",)))
+    assert cov.dtype == np.float32
+    np.testing.assert_array_equal(cov, [[1.0], [0.0], [3.0]])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -114,3 +115,79 @@ def test_old_files_are_pruned_and_junk_files_skipped(tmp_path, monkeypatch):
     assert not old.exists() and not orphan.exists()
     frame = read_log(directory)
     assert set(frame["model_version"]) == {"2"}
+
+
+def test_each_row_carries_its_own_series_origin_and_timestamp():
+    """Series forecast from different origins: a row with another series' origin, or the
+    timestamps of the steps in another order, is joined to the wrong actual."""
+    origins = ORIGIN + np.timedelta64(1, "h") * np.array([0, 5])
+    steps = np.arange(1, 4)
+    forecast = ForecastArrays(
+        series_ids=np.array(["a", "b"], dtype=object),
+        origins=origins,
+        timestamps=origins[:, None] + np.timedelta64(1, "h") * steps[None, :],
+        mean=np.zeros((2, 3)),
+        quantiles=np.zeros((2, 3, 0)),
+        levels=(),
+        glitches=no_glitches(2),
+    )
+    frame = records(forecast, model_name="m", model_version="1").to_pandas()
+    by_id = {"a": pd.Timestamp(origins[0]), "b": pd.Timestamp(origins[1])}
+    assert frame["origin"].tolist() == [by_id[u] for u in frame["unique_id"].astype(str)]
+    expected = frame["origin"] + pd.to_timedelta(frame["step"], unit="h")
+    assert (frame["ds"] == expected).all()
+
+
+def test_forecasts_of_other_versions_or_origins_are_not_duplicates(tmp_path):
+    """Only the same forecast logged twice counts once: two versions forecasting the same
+    steps, and one version forecasting again from a later origin, are all kept."""
+    log = ForecastLog(tmp_path / "log")
+    log.append(_rows(version="1"))
+    log.append(_rows(version="2"))
+    later = _forecast()
+    later.origins[:] += np.timedelta64(1, "h")
+    later.timestamps[:] += np.timedelta64(1, "h")
+    log.append(records(later, model_name="m", model_version="1"))
+    log.flush()
+    frame = read_log(tmp_path / "log")
+    assert len(frame) == 18
+    assert frame.groupby("model_version").size().to_dict() == {"1": 12, "2": 6}
+    assert frame.loc[frame["model_version"] == "1", "origin"].nunique() == 2
+
+
+def test_a_failed_write_leaves_nothing_in_the_directory(tmp_path, monkeypatch):
+    """A write that fails halfway (a full disk) must leave no half file where readers look,
+    and no temporary file behind; the rows are written by the next flush, and only then
+    counted as written."""
+    directory = tmp_path / "log"
+    log = ForecastLog(directory, retention_days=None)
+    real_write = forecast_log.pq.write_table
+
+    def half_then_fail(table, where, **kwargs):
+        Path(where).write_bytes(b"PAR1 half a file")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(forecast_log.pq, "write_table", half_then_fail)
+    log.append(_rows())
+    with pytest.raises(OSError):
+        log.flush()
+    assert list(directory.iterdir()) == []
+    assert (log.buffered_rows, log.written_rows) == (6, 0)
+    monkeypatch.setattr(forecast_log.pq, "write_table", real_write)
+    path = log.flush()
+    assert [p.name for p in directory.iterdir()] == [path.name]
+    assert log.written_rows == 6 and len(read_log(directory)) == 6
+
+
+def test_prune_keeps_files_younger_than_the_retention(tmp_path):
+    directory = tmp_path / "log"
+    log = ForecastLog(directory, retention_days=None)
+    ages = {}
+    for days in (0.5, 1.5):
+        log.append(_rows())
+        path = log.flush()
+        stamp = time.time() - days * 86400
+        os.utime(path, (stamp, stamp))
+        ages[days] = path
+    assert forecast_log.prune(directory, retention_days=1) == 1
+    assert ages[0.5].exists() and not ages[1.5].exists()

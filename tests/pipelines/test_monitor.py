@@ -350,3 +350,85 @@ def test_short_horizon_traffic_is_held_to_the_backtest_at_its_steps():
         _accuracy(0.58), 0.25, tolerance=0.3, min_points=50, basis="backtest at the logged steps"
     )
     assert verdict and "backtest at the logged steps 0.2500" in reason
+
+
+@pytest.mark.parametrize(
+    ("mase", "points", "degraded"),
+    [
+        (2.5, 50, False),  # exactly at the limit 2.0 x 1.25: not *more* than the tolerance
+        (2.4, 50, False),  # 20 % worse: within a relative tolerance of 25 %
+        (2.6, 50, True),  # judged from exactly min_points points
+    ],
+)
+def test_tolerance_is_relative_and_bounds_are_inclusive(mase, points, degraded):
+    verdict, reason = degradation(_accuracy(mase, points), 2.0, tolerance=0.25, min_points=50)
+    assert verdict is degraded
+    assert "limit 2.5000" in reason
+
+
+def test_a_series_without_a_scale_does_not_void_the_versions_mase():
+    """A new series with no season of history yet has no MASE; the version's MASE is that of
+    the series that have one, not undefined (which reads as "not degraded")."""
+    actuals = pd.DataFrame(
+        {
+            "unique_id": ["a"] * 7 + ["b"] * 2,
+            "ds": list(T) + list(T[5:]),
+            "y": [0.0, 1, 2, 3, 4, 5, 6, 10, 10],
+        }
+    )
+    log = pd.concat(
+        [_log_rows("1", "a", 4, [7, 8]), _log_rows("1", "b", 4, [12, 12])], ignore_index=True
+    )
+    accuracy = score(log, actuals, season=1).versions["1"]
+    assert accuracy.mase == pytest.approx(2.0)  # a: errors 2, 2 over its lag-1 scale 1
+    assert (accuracy.points, accuracy.series) == (4, 2)
+
+
+def test_each_version_is_reported_under_its_own_name(store, tmp_path, data_csv):
+    """The run's realised/champion/* are the champion's figures, the verdict tag is the
+    champion's alone, and versions are listed in numeric order (10 after 2); a version
+    deleted from the registry is still scored."""
+    from pipelines.forecast_log import ForecastLog
+
+    client = client_for(store)
+    source = client.get_model_version_download_uri("forecaster", "1")
+    assert str(client.create_model_version("forecaster", source, run_id=None).version) == "2"
+    data = pd.read_csv(data_csv, parse_dates=["ds"])
+    # Every series forecast 12 steps from its 200th hour, off by 1 (v1), 2 (v2) and 3 (v10).
+    ahead = data.groupby("unique_id").nth(list(range(200, 212)))
+    ids = np.array(sorted(data["unique_id"].unique()), dtype=object)
+    actual = ahead.pivot(index="unique_id", columns="ds", values="y").loc[ids]
+    timestamps = np.tile(actual.columns.to_numpy(dtype="datetime64[ns]"), (len(ids), 1))
+    log = ForecastLog(tmp_path / "log")
+    for version, error in (("1", 1.0), ("2", 2.0), ("10", 3.0)):
+        arrays = ForecastArrays(
+            series_ids=ids,
+            origins=timestamps[:, 0] - np.timedelta64(1, "h"),
+            timestamps=timestamps,
+            mean=actual.to_numpy() + error,
+            quantiles=np.zeros((len(ids), 12, 0)),
+            levels=(),
+            glitches=no_glitches(len(ids)),
+        )
+        log.append(records(arrays, model_name="forecaster", model_version=version))
+    log.flush()
+    settings = make_settings(store, forecast_log=str(tmp_path / "log"))
+    result = check_champion(settings, data)
+    assert result.champion_version == "1"
+    assert result.versions == ["1", "2", "10"]
+    assert [result.realised.versions[v].mae for v in result.versions] == pytest.approx([1, 2, 3])
+
+    experiment = client.get_experiment_by_name("forecaster")
+    (run,) = client.search_runs(
+        [experiment.experiment_id], order_by=["attributes.start_time DESC"], max_results=1
+    )
+    assert run.data.tags["monitoring.champion_version"] == "1"
+    metrics = run.data.metrics
+    assert metrics["realised/champion/mae"] == pytest.approx(1.0)
+    assert metrics["realised/v2/mae"] == pytest.approx(2.0)
+    champion = client.get_model_version("forecaster", "1").tags
+    assert champion["realised.degraded"] == "false"
+    assert pd.Timestamp(champion["realised.until"]) == timestamps[0, -1]
+    other = client.get_model_version("forecaster", "2").tags
+    assert float(other["realised.mae"]) == pytest.approx(2.0)
+    assert "realised.degraded" not in other

@@ -9,7 +9,9 @@ import pytest
 from forecaster import baselines
 from forecaster.baselines import LinearBaseline, SeasonalNaive
 from forecaster.errors import (
+    FrequencyInferenceError,
     HorizonTooLongError,
+    InvalidConfigError,
     IrregularTimestampsError,
     SeriesTooShortError,
     UnknownQuantileError,
@@ -143,3 +145,182 @@ def test_seasonal_naive_reads_gaps_the_same_in_chunks_of_series(monkeypatch):
     chunked = SeasonalNaive(season_length=24).fit(df).predict(df, horizon=30)
     assert np.isfinite(whole["mean"]).all()
     pd.testing.assert_frame_equal(whole, chunked)
+
+
+def test_quantile_levels_must_lie_strictly_between_0_and_1():
+    """A level of 0 or 1 is an infinite quantile, not a band: both models refuse it, whether
+    given at construction or to `predict`."""
+    df = series({"a": np.arange(48.0)})
+    with pytest.raises(UnknownQuantileError):
+        SeasonalNaive(quantiles=[0.0, 0.5])
+    with pytest.raises(UnknownQuantileError):
+        LinearBaseline(8, 4, quantiles=[0.5, 1.0])
+    with pytest.raises(UnknownQuantileError):
+        SeasonalNaive().fit(df).predict(df, quantiles=[0.0])
+
+
+def test_quantile_levels_come_back_sorted_and_once_each():
+    df = series({"a": np.sin(np.arange(100) / 3.0)})
+    for model in (SeasonalNaive(season_length=4), LinearBaseline(12, 4)):
+        out = model.fit(df).predict(df, quantiles=[0.9, 0.1, 0.9])
+        assert list(out.columns) == ["unique_id", "ds", "mean", "q0.1", "q0.9"]
+    assert SeasonalNaive(quantiles=[0.9, 0.5, 0.5]).quantiles == (0.5, 0.9)
+
+
+def test_settings_out_of_range_are_refused_when_the_model_is_built():
+    for build in (
+        lambda: SeasonalNaive(season_length=0),
+        lambda: SeasonalNaive(horizon=0),
+        lambda: LinearBaseline(0, 4),
+        lambda: LinearBaseline(8, 2.5),
+        lambda: LinearBaseline(8, 4, kernel_size=0),
+        lambda: LinearBaseline(8, 4, ridge=-0.5),
+    ):
+        with pytest.raises(InvalidConfigError):
+            build()
+
+
+def test_a_horizon_below_one_step_is_refused_by_predict():
+    df = series({"a": np.sin(np.arange(100) / 3.0)})
+    with pytest.raises(InvalidConfigError):
+        SeasonalNaive().fit(df).predict(df, horizon=0)
+    with pytest.raises(HorizonTooLongError, match="1..4"):
+        LinearBaseline(12, 4).fit(df).predict(df, horizon=0)
+
+
+def test_linear_baseline_refuses_to_predict_before_fit():
+    with pytest.raises(InvalidConfigError, match="fit"):
+        LinearBaseline(8, 4).predict(series({"a": np.arange(48.0)}))
+
+
+def test_baselines_refuse_a_frame_of_another_frequency_than_they_were_fit_on():
+    """A daily frame given to a model fit on hourly data must not be forecast in days."""
+    hourly = series({"a": np.sin(np.arange(100) / 3.0)})
+    daily = series({"a": np.sin(np.arange(100) / 3.0)}, freq="D")
+    with pytest.raises(IrregularTimestampsError):
+        SeasonalNaive().fit(hourly).predict(daily)
+    with pytest.raises(FrequencyInferenceError):
+        LinearBaseline(12, 4).fit(hourly).predict(daily)
+
+
+def test_seasonal_naive_predicts_its_configured_horizon_by_default():
+    df = series({"a": np.arange(100.0), "b": np.arange(100.0)})
+    out = SeasonalNaive(horizon=5).fit(df).predict(df)
+    assert out.groupby("unique_id").size().tolist() == [5, 5]
+
+
+def test_seasonal_naive_bands_are_the_seasonal_differences_quantiles_widened_per_season():
+    """Steps 1..m ahead (one season) get the empirical quantiles of y(t) - y(t - m) over every
+    pair of the history, the first one included; steps m+1..2m get them times sqrt(2)."""
+    m = 3
+    y = np.array([0.0, 1.0, 2.0, 9.0, 2.0, 3.0, 8.0, 4.0, 4.0, 9.0])
+    differences = y[m:] - y[:-m]  # 9, 1, 1, -1, 2, 1, 1
+    levels = [0.1, 0.5, 0.9]
+    df = series({"a": y}, freq="D")
+    out = SeasonalNaive(season_length=m).fit(df).predict(df, horizon=2 * m, quantiles=levels)
+    expected = np.quantile(differences, levels)
+    for q, spread in zip(levels, expected, strict=True):
+        offset = (out[f"q{q}"] - out["mean"]).to_numpy()
+        np.testing.assert_allclose(offset[:m], spread)
+        np.testing.assert_allclose(offset[m:], spread * np.sqrt(2))
+
+
+def test_seasonal_naive_gives_a_series_without_a_full_season_a_zero_width_band():
+    """No pair one season apart means no observed spread: the band is the forecast itself."""
+    df = series({"long": np.sin(np.arange(50.0)), "short": np.array([3.0, 7.0, 5.0])})
+    out = SeasonalNaive(season_length=24).fit(df).predict(df, quantiles=[0.1, 0.9])
+    short = out[out["unique_id"] == "short"]
+    np.testing.assert_array_equal(short["q0.1"], short["mean"])
+    np.testing.assert_array_equal(short["q0.9"], short["mean"])
+    long = out[out["unique_id"] == "long"]
+    assert (long["q0.9"] > long["q0.1"]).all()
+
+
+def test_seasonal_naive_reads_a_step_before_any_observation_as_the_next_observed_value():
+    """Missing steps with nothing observed before them (a series starting with gaps, or an
+    outage longer than the 10-season look-back) take the series' next observed value, not 0
+    and not a value from before the look-back."""
+    leading = series({"a": np.array([np.nan, np.nan, 5.0, 6.0])})
+    out = SeasonalNaive(season_length=4).fit(leading).predict(leading, quantiles=[])
+    assert out["mean"].tolist() == [5.0, 5.0, 5.0, 6.0]
+    outage = np.full(30, np.nan)
+    outage[:10] = np.arange(10.0)  # 19 missing steps: more than 10 seasons of 2
+    outage[29] = 100.0
+    df = series({"a": outage})
+    out = SeasonalNaive(season_length=2).fit(df).predict(df, quantiles=[])
+    assert out["mean"].tolist() == [100.0, 100.0]
+
+
+def test_linear_baseline_fits_a_series_exactly_as_long_as_one_window():
+    """`fit` asks for context_length + prediction_length points: that many must be enough."""
+    df = series({"a": np.sin(np.arange(12.0))})
+    out = LinearBaseline(8, 4).fit(df).predict(df)
+    assert len(out) == 4 and np.isfinite(out["mean"]).all()
+
+
+def test_linear_baseline_forecasts_a_flat_series_as_flat():
+    """A constant window has no spread to divide by: the forecast is the constant, not NaN."""
+    df = series({"flat": np.full(60, 5.0), "zero": np.zeros(60)})
+    out = LinearBaseline(12, 4).fit(df).predict(df)
+    assert out["mean"].tolist() == [5.0] * 4 + [0.0] * 4
+    np.testing.assert_array_equal(out["q0.9"], out["mean"])
+
+
+def test_linear_baseline_caps_the_moving_average_at_the_context_length():
+    df = series({"a": np.sin(np.arange(200) / 3.0) + np.arange(200) / 50})
+    capped = LinearBaseline(10, 4, kernel_size=10).fit(df).predict(df)
+    wide = LinearBaseline(10, 4, kernel_size=100).fit(df).predict(df)
+    pd.testing.assert_frame_equal(wide, capped)
+
+
+def test_a_strong_ridge_still_follows_a_trend():
+    """The ridge shrinks the linear maps, not the bias: with every weight shrunk to nothing a
+    straight line still continues (its normalised steps are the same in every window)."""
+    df = series({"a": 3.0 + 0.5 * np.arange(100)})
+    out = LinearBaseline(24, 6, ridge=1e6).fit(df).predict(df)
+    np.testing.assert_allclose(out["mean"], 3.0 + 0.5 * np.arange(100, 106))
+
+
+def test_the_ridge_penalty_does_not_weaken_with_more_data():
+    """`ridge` is relative to the features' scale: fitting on the same series twice (twice the
+    windows) regularises the same and forecasts the same."""
+    y = np.cumsum(np.random.default_rng(0).normal(size=300))
+    one = series({"a": y})
+    two = series({"a": y, "b": y})
+    once = LinearBaseline(24, 6, ridge=0.1).fit(one).predict(one)
+    twice = LinearBaseline(24, 6, ridge=0.1).fit(two).predict(one)
+    np.testing.assert_allclose(twice["mean"], once["mean"], rtol=1e-9)
+
+
+def test_linear_baseline_bands_widen_with_the_horizon_on_a_random_walk():
+    """Residual quantiles are kept per horizon step: a random walk's uncertainty grows."""
+    y = np.cumsum(np.random.default_rng(0).normal(size=500))
+    df = series({"a": y})
+    out = LinearBaseline(24, 12).fit(df).predict(df)
+    width = (out["q0.9"] - out["q0.1"]).to_numpy()
+    assert width[-1] > 2 * width[0]
+
+
+def test_linear_baseline_bands_come_from_windows_spread_over_the_whole_history(monkeypatch):
+    """Residuals are taken from at most _MAX_RESIDUAL_WINDOWS windows, spread evenly over the
+    history: a history that turns noisy half-way must not get the band of its quiet start."""
+    rng = np.random.default_rng(0)
+    y = np.sin(2 * np.pi * np.arange(600) / 24)
+    y[300:] += rng.normal(scale=0.5, size=300)
+    df = series({"a": y})
+    full = LinearBaseline(48, 12).fit(df).predict(df)
+    monkeypatch.setattr(baselines, "_MAX_RESIDUAL_WINDOWS", 40)
+    sampled = LinearBaseline(48, 12).fit(df).predict(df)
+    full_width = (full["q0.9"] - full["q0.1"]).mean()
+    sampled_width = (sampled["q0.9"] - sampled["q0.1"]).mean()
+    assert 0.5 * full_width < sampled_width < 2 * full_width
+
+
+def test_predict_returns_the_levels_the_model_was_built_with_when_given_none():
+    df = series({"a": np.sin(np.arange(100) / 3.0)})
+    for model in (
+        SeasonalNaive(season_length=4, quantiles=[0.75, 0.25]),
+        LinearBaseline(12, 4, quantiles=[0.75, 0.25]),
+    ):
+        out = model.fit(df).predict(df)
+        assert list(out.columns) == ["unique_id", "ds", "mean", "q0.25", "q0.75"]

@@ -200,6 +200,29 @@ def test_a_champion_whose_artifacts_are_gone_is_judged_absent(store, data_csv, t
     assert tags["promotion.decision"] == "promoted", tags["promotion.reason"]
 
 
+def test_a_champion_whose_files_cannot_be_read_is_judged_absent(store, data_csv, tmp_path):
+    """A file of the champion's that the file system cannot read (here a link into a mount that
+    is gone) fails its download with an OSError, not MLflow's not-found: it must not block
+    every later retrain either."""
+    client = client_for(store)
+    source = client.get_model_version_download_uri("forecaster", "1")
+    broken = tmp_path / "broken-model"
+    shutil.copytree(source.removeprefix("file://"), broken)
+    weights = broken / "artifacts" / "forecaster" / "model.safetensors"
+    weights.unlink()
+    weights.symlink_to(tmp_path / "unmounted" / weights.name)
+    version = client.create_model_version("forecaster", str(broken), run_id=None).version
+    client.set_registered_model_alias("forecaster", "champion", version)
+
+    args = ["--config", str(config_file(store)), "--data", str(data_csv)]
+    assert main(["train", *args]) == 0
+    assert main(["promote", *args]) == 0
+    challenger = _aliases(store)["challenger"]
+    tags = client.get_model_version("forecaster", challenger).tags
+    assert f"champion version {version} cannot be loaded" in tags["promotion.reason"]
+    assert tags["promotion.decision"] == "promoted", tags["promotion.reason"]
+
+
 def test_a_longer_horizon_challenger_is_judged_on_the_champions_horizon(store, data_csv):
     """The two are compared on the same windows: the horizon both forecast (the champion's
     12 steps), not the challenger's 24, which the champion cannot forecast."""

@@ -790,19 +790,10 @@ def _fill_gaps(
     counts = ends - starts
     if int(lengths.sum()) == len(codes):
         return ids, ds, values, lengths
-    too_sparse = lengths - counts > MAX_GAP_RATIO * counts
-    if too_sparse.any():
-        k = int(np.argmax(too_sparse))
-        sid = str(uniques[codes[starts[k]]])
-        raise IrregularTimestampsError(
-            f"series {sid!r}: {int(counts[k])} timestamps span {int(lengths[k])} steps of "
-            f"frequency {freq_alias(offset)!r}; expected at most {MAX_GAP_RATIO} missing steps per "
-            "observed one (is the frequency right?)",
-            series_id=sid,
-            field=TIME,
-        )
     # A series whose steps are all multiples of k > 1 grid steps follows a coarser frequency
     # (2-hourly among hourly series): filling it would make it mostly missing, silently.
+    # Checked before the gap ratio so that a daily frame given to an hourly model is named a
+    # wrong frequency whether or not gaps are allowed.
     steps = np.diff(position)
     steps[ends[:-1] - 1] = 0  # across series boundaries; gcd(0, n) = n
     common = np.gcd.reduceat(np.r_[steps, 0], starts)
@@ -814,6 +805,17 @@ def _fill_gaps(
             f"series {sid!r}: its timestamps are {int(common[k])} steps of {freq_alias(offset)!r} "
             f"apart or a multiple of that, never 1; expected frequency {freq_alias(offset)!r} "
             "(mixed frequencies?)",
+            series_id=sid,
+            field=TIME,
+        )
+    too_sparse = lengths - counts > MAX_GAP_RATIO * counts
+    if too_sparse.any():
+        k = int(np.argmax(too_sparse))
+        sid = str(uniques[codes[starts[k]]])
+        raise IrregularTimestampsError(
+            f"series {sid!r}: {int(counts[k])} timestamps span {int(lengths[k])} steps of "
+            f"frequency {freq_alias(offset)!r}; expected at most {MAX_GAP_RATIO} missing steps per "
+            "observed one (is the frequency right?)",
             series_id=sid,
             field=TIME,
         )

@@ -167,3 +167,34 @@ def test_promote_with_settings_passes_every_promotion_setting(tmp_path, monkeypa
         "require_beats_baseline": False,
         "tracking_uri": settings.resolved_tracking_uri,
     }
+
+
+def test_the_margin_is_inclusive_and_the_levels_strict():
+    """Exactly at the margin is better enough; a p-value equal to alpha is not below it; an
+    alpha of exactly 2^-n cannot be reached by n pairs, so the margin decides."""
+    champion = _scores([1.0] * 8)
+    at_margin = decide(champion * 0.5, champion, champion * 2, metric="mase", margin=0.5)
+    assert at_margin.promoted, at_margin.reason
+    assert at_margin.challenger_score == 0.5 and "<= 0.5," in at_margin.reason
+    past_it = decide(
+        champion * 0.5, champion, champion * 2, metric="mase", margin=np.nextafter(0.5, 1)
+    )
+    assert not past_it.promoted and "by the margin" in past_it.reason
+
+    # Sign test, 5 wins of 6 votes: p = 7/64, and 2^-6 lies below any alpha near it.
+    six = _scores([1.0] * 6)
+    mixed = six * np.array([0.5, 0.5, 0.5, 0.5, 0.5, 1.1])
+    p = paired_test(mixed, six, "sign").p_value
+    assert p == pytest.approx(7 / 64)
+    at_p = decide(mixed, six, six * 2, metric="mase", alpha=p, test="sign")
+    assert not at_p.promoted and "not significant" in at_p.reason
+    above_p = decide(mixed, six, six * 2, metric="mase", alpha=np.nextafter(p, 1), test="sign")
+    assert above_p.promoted and "significantly better" in above_p.reason
+
+    five = _scores([1.0] * 5)  # every pair won: p = 2^-5, the least 5 pairs can give
+    at_bound = decide(five * 0.5, five, five * 2, metric="mase", alpha=2.0**-5, test="sign")
+    assert at_bound.promoted and "the margin decides" in at_bound.reason
+    above = decide(
+        five * 0.5, five, five * 2, metric="mase", alpha=np.nextafter(2.0**-5, 1), test="sign"
+    )
+    assert above.promoted and "significantly better" in above.reason

@@ -23,7 +23,12 @@ from forecaster.errors import (
 )
 from forecaster.model import fill_gaps
 from forecaster.time_axis import season_length as default_season_length
-from forecaster.validation import ValidatedFrame, future_grid, validate_long_frame
+from forecaster.validation import (
+    ValidatedFrame,
+    future_grid,
+    in_callers_types,
+    validate_long_frame,
+)
 
 DEFAULT_QUANTILES = (0.1, 0.5, 0.9)
 # Residual quantiles kept after fitting LinearBaseline; requested levels are interpolated.
@@ -88,18 +93,20 @@ def _series_bounds(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _output(
+    df: pd.DataFrame,
     history: ValidatedFrame,
     horizon: int,
     mean: np.ndarray,
     quantiles: tuple[float, ...],
     q_values: np.ndarray | None,
 ) -> pd.DataFrame:
-    """Long forecast frame from (S, H) means and (S, H, Q) quantiles."""
+    """Long forecast frame from (S, H) means and (S, H, Q) quantiles, its ids and timestamps
+    typed as in the caller's `df` (as a Forecaster's are, so either merges back on `df`)."""
     out = future_grid(history, horizon)
     out["mean"] = mean.reshape(-1)
     for j, q in enumerate(quantiles):
         out[quantile_column(q)] = q_values[:, :, j].reshape(-1)
-    return out
+    return in_callers_types(out, df, bool(history.wall_clock))
 
 
 class SeasonalNaive:
@@ -207,7 +214,7 @@ class SeasonalNaive:
             spread = per_series.to_numpy(np.float64)  # (S, Q); 0 without an observed pair
             seasons_ahead = np.sqrt(steps // m + 1.0)  # (H,)
             q_values = mean[:, :, None] + spread[:, None, :] * seasons_ahead[None, :, None]
-        return _output(validated, horizon, mean, levels, q_values)
+        return _output(df, validated, horizon, mean, levels, q_values)
 
 
 class LinearBaseline:
@@ -331,7 +338,7 @@ class LinearBaseline:
             )  # (H, Q)
             q_values = mean[:, :, None] + scale[:, :, None] * residual[None, :, :]
             q_values = q_values[:, :horizon]
-        return _output(validated, horizon, mean[:, :horizon], levels, q_values)
+        return _output(df, validated, horizon, mean[:, :horizon], levels, q_values)
 
     # ----------------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from forecaster import baselines
+from forecaster.backtest import backtest
 from forecaster.baselines import LinearBaseline, SeasonalNaive
 from forecaster.errors import (
     FrequencyInferenceError,
@@ -325,3 +326,22 @@ def test_predict_returns_the_levels_the_model_was_built_with_when_given_none():
     ):
         out = model.fit(df).predict(df)
         assert list(out.columns) == ["unique_id", "ds", "mean", "q0.25", "q0.75"]
+
+
+@pytest.mark.parametrize("make", [lambda: SeasonalNaive(), lambda: LinearBaseline(12, 4)])
+def test_baselines_answer_in_the_callers_id_and_time_types(make):
+    """Integer ids and aware timestamps come back as given, as a Forecaster's do: a forecast
+    of ids 3 and 7 in text could not be merged back on the caller's frame."""
+    df = series({"3": np.sin(np.arange(60) / 3.0), "7": np.cos(np.arange(60) / 3.0)})
+    df["unique_id"] = df["unique_id"].astype(int)
+    df["ds"] = df["ds"].dt.tz_localize("Europe/Paris")
+    out = make().fit(df).predict(df, horizon=4)
+    assert out["unique_id"].dtype == np.int64 and out["unique_id"].unique().tolist() == [3, 7]
+    assert str(out["ds"].dt.tz) == "Europe/Paris"
+    assert (
+        out.groupby("unique_id")["ds"].min().tolist() == [df["ds"].max() + pd.Timedelta("1h")] * 2
+    )
+    # Backtests read the validated frame and give the caller's types back once.
+    result = backtest(make().fit(df), df, n_windows=2, horizon=4)
+    assert result.forecasts["unique_id"].dtype == np.int64
+    assert str(result.forecasts["ds"].dt.tz) == "Europe/Paris"

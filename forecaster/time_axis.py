@@ -165,6 +165,12 @@ def zone_of(col: pd.Series | np.ndarray, wall_clock: bool) -> Any:
 def is_aware(col: pd.Series | np.ndarray) -> bool:
     """Whether timestamps carry a zone or a UTC offset: an aware column, or text such as
     '2024-01-01T00:00+01:00' (judged on the first value)."""
+    return bool(_awareness(col))
+
+
+def _awareness(col: pd.Series | np.ndarray) -> bool | None:
+    """`is_aware`, or None when no value tells: none is present, or the first is not a
+    timestamp (reading the column names the problem)."""
     values = pandas_timestamps(pd.Series(col))
     if isinstance(values.dtype, pd.DatetimeTZDtype):
         return True
@@ -172,11 +178,11 @@ def is_aware(col: pd.Series | np.ndarray) -> bool:
         return False
     present = values.dropna()
     if present.empty:
-        return False
+        return None
     try:
         return pd.Timestamp(present.iat[0]).tzinfo is not None
     except (ValueError, TypeError):
-        return False  # not a timestamp: reading it names the problem
+        return None
 
 
 def same_clock(
@@ -186,10 +192,11 @@ def same_clock(
     history's have none, or the other way round (naive times are read as they stand, aware
     ones as instants, so the two would disagree by the zone's offset: every covariate an
     hour off in Paris); converted to the history's zone when both are aware columns of
-    different zones (daily data is read on that zone's wall clock)."""
-    history_aware, future_aware = is_aware(history), is_aware(future)
-    if history_aware != future_aware:
-        with_zone = {True: "with a time zone or UTC offset", False: "without one"}
+    different zones (daily data is read on that zone's wall clock). A future column with no
+    readable first value is left to the reader, which names the value."""
+    history_aware, future_aware = _awareness(history), _awareness(future)
+    if None not in (history_aware, future_aware) and history_aware != future_aware:
+        with_zone = {True: "with a time zone or UTC offset", False: "without either"}
         raise InvalidTimestampsError(
             f"future frame: {TIME} is given {with_zone[future_aware]} but the history's is "
             f"{with_zone[history_aware]}; give both the same way",

@@ -1197,12 +1197,39 @@ def test_covariates_given_out_of_step_with_the_history_are_refused(with_promo):
     hour off in Paris, silently."""
     model, history, future = with_promo
     aware = history.assign(ds=history["ds"].dt.tz_localize("Europe/Paris"))
-    with pytest.raises(InvalidTimestampsError, match="give both the same way"):
+    with pytest.raises(
+        InvalidTimestampsError,
+        match="ds is given without either but the history's is with a time zone or UTC "
+        "offset; give both the same way",
+    ):
         model.predict(aware, future_df=future)
-    with pytest.raises(InvalidTimestampsError, match="give both the same way"):
+    with pytest.raises(
+        InvalidTimestampsError,
+        match="ds is given with a time zone or UTC offset but the history's is without either",
+    ):
         model.predict(history, future_df=future.assign(ds=future["ds"].dt.tz_localize("UTC")))
     zoned = future.assign(ds=future["ds"].dt.tz_localize("Europe/Paris"))
-    assert model.predict(aware, future_df=zoned)["mean"].notna().all()
+    expected = model.predict(aware, future_df=zoned)
+    assert expected["mean"].notna().all()
+    # As a CSV file gives them: text with UTC offsets.
+    as_text = zoned.assign(ds=zoned["ds"].astype(str))
+    pd.testing.assert_frame_equal(model.predict(aware, future_df=as_text), expected)
+
+
+@pytest.mark.parametrize("zone", [None, "Europe/Paris"])
+def test_schedule_timestamps_that_cannot_be_read_are_named_not_blamed_on_the_zone(with_promo, zone):
+    """An aware history's schedule whose first timestamp was missing or unreadable was refused
+    as given without a time zone, which sent the caller after the wrong fault."""
+    model, history, future = with_promo
+    ds = future["ds"]
+    if zone is not None:
+        history = history.assign(ds=history["ds"].dt.tz_localize(zone))
+        ds = ds.dt.tz_localize(zone)
+    text = ds.astype(str).where(future.index != 0, "soon")
+    with pytest.raises(InvalidTimestampsError, match="'series_000': ds value 'soon' is not a "):
+        model.predict(history, future_df=future.assign(ds=text))
+    with pytest.raises(InvalidTimestampsError, match="'series_000': ds is missing at row 0"):
+        model.predict(history, future_df=future.assign(ds=None))
 
 
 def test_a_daily_schedule_in_another_zone_is_read_on_the_historys_clock():

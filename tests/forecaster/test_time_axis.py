@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from forecaster.errors import (
@@ -380,6 +381,35 @@ def test_a_timestamp_outside_the_range_names_its_series(sentinel):
         parse_timestamps(col, np.array(["a", "a", "b"], dtype=object))
     assert info.value.series_id == "b"
     assert parse_iso(["2024-01-01T00:00:00", "1500-01-01T00:00:00"]) is None
+
+
+# The first and last whole microseconds nanosecond timestamps hold.
+FIRST, LAST = "1677-09-21T00:12:43.145225", "2262-04-11T23:47:16.854775"
+
+
+@pytest.mark.parametrize(("bound", "outside"), [(FIRST, "1500-01-01"), (LAST, "9000-01-01")])
+def test_the_range_holds_its_bounds_and_names_the_first_value_past_them(bound, outside):
+    expected = np.array([FIRST, LAST], dtype="datetime64[ns]")
+    np.testing.assert_array_equal(parse_iso([FIRST, LAST]), expected)
+    np.testing.assert_array_equal(parse_timestamps(pd.Series([FIRST, LAST])), expected)
+    np.testing.assert_array_equal(
+        read_datetimes([datetime.fromisoformat(v) for v in (FIRST, LAST)])[0], expected
+    )
+    ids = np.array(["at the bound", "past it"], dtype=object)
+    with pytest.raises(InvalidTimestampsError, match="series 'past it'"):
+        parse_timestamps(pd.Series([bound, outside]), ids)
+    values = [datetime.fromisoformat(bound), datetime.fromisoformat(outside)]
+    with pytest.raises(InvalidTimestampsError, match="series 'past it'"):
+        read_datetimes(values, ids=ids)
+
+
+def test_pyarrow_dates_read_as_midnights():
+    """`pd.read_parquet(..., dtype_backend="pyarrow")` gives a date column as date32, a pyarrow
+    type with no zone or unit to convert."""
+    col = pd.Series([date(2024, 1, 1), date(2024, 1, 2)], dtype=pd.ArrowDtype(pa.date32()))
+    np.testing.assert_array_equal(
+        parse_timestamps(col), np.array(["2024-01-01", "2024-01-02"], dtype="datetime64[ns]")
+    )
 
 
 def test_weekly_data_reads_without_pandas_deprecations():

@@ -350,6 +350,15 @@ def test_business_hours_other_than_pandas_default_keep_their_hours():
     assert season_length("bh=00:00-24:00") == 1
 
 
+def _weekday_readings(first: str, last: str) -> pd.DatetimeIndex:
+    """Hourly readings from `first` to `last` (inclusive) on each weekday of 1-5 January 2024."""
+    days = [
+        pd.date_range(f"2024-01-0{d} {first}", f"2024-01-0{d} {last}", freq="h")
+        for d in range(1, 6)
+    ]
+    return days[0].append(days[1:])
+
+
 @pytest.mark.parametrize(
     ("wall", "expected"),
     [
@@ -364,6 +373,10 @@ def test_business_hours_other_than_pandas_default_keep_their_hours():
         ),
         (pd.date_range("2024-01-01 09:00", periods=8, freq="h"), None),  # one day only
         (pd.date_range("2024-01-01 09:00", periods=10, freq="D"), None),  # a day apart
+        (_weekday_readings("09:00", "10:00"), (9, 11)),  # the shortest opening
+        (_weekday_readings("06:00", "21:00"), (6, 22)),  # the longest
+        (_weekday_readings("06:00", "22:00"), None),  # longer: hourly data with quiet nights
+        (_weekday_readings("09:30", "16:30"), None),  # not on whole hours
     ],
 )
 def test_business_hours_are_recognised_only_as_such(wall, expected):

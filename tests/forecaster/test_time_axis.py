@@ -274,12 +274,13 @@ def test_read_datetimes_reads_daily_offsets_on_the_wall_clock():
     # Fixed offsets as a JSON parser gives them: +01:00, then +02:00 from 31 March.
     given = [t.tz_localize("Europe/Berlin").to_pydatetime() for t in local]
     assert {v.utcoffset() for v in given} == {pd.Timedelta(hours=1), pd.Timedelta(hours=2)}
+    assert read_datetimes(given)[1] is True  # a model fitted on them reads its wall clock
     np.testing.assert_array_equal(read_datetimes(given)[0], local.to_numpy())
     hourly = pd.date_range("2024-03-30 12:00", periods=48, freq="h", tz="Europe/Berlin")
-    np.testing.assert_array_equal(
-        read_datetimes(list(hourly.to_pydatetime()))[0],
-        hourly.tz_convert("UTC").tz_localize(None).to_numpy(),
-    )
+    in_utc, on_wall = read_datetimes(list(hourly.to_pydatetime()))
+    np.testing.assert_array_equal(in_utc, hourly.tz_convert("UTC").tz_localize(None).to_numpy())
+    assert on_wall is False
+    assert read_datetimes(list(local.to_pydatetime()))[1] is None  # naive: no zone to read
     # Naive and aware values mixed: refused as such text is (the naive ones read as UTC
     # would be an hour or two from what their writer meant), naming the series and value.
     mixed = [local[0].to_pydatetime(), given[1]]
@@ -437,6 +438,11 @@ def test_weekly_data_reads_without_pandas_deprecations():
         warnings.simplefilter("error")
         assert infer_frequency(pd.Series(weeks)) == "W-SUN"
         assert calendar_features(weeks).shape[0] == len(weeks)
+
+
+def test_ambiguous_slashed_dates_read_month_first_as_pandas_reads_them():
+    got = parse_timestamps(pd.Series(["01/02/2024", "01/03/2024", "01/04/2024"]))
+    np.testing.assert_array_equal(got, pd.date_range("2024-01-02", periods=3).to_numpy())
 
 
 def test_day_first_text_reads_day_first_throughout():

@@ -172,6 +172,18 @@ def test_steps_past_the_range_are_errors_not_wrapped(freq):
         steps_after(last, freq, 24 * 30)
 
 
+def test_a_fixed_step_may_land_on_either_end_of_the_range():
+    """The range's ends are timestamps too: a step onto one is a step, not an error."""
+    for end, back in ((pd.Timestamp.max, 1), (pd.Timestamp.min, -1)):
+        start = np.array([(end - back * pd.Timedelta("1ns")).to_datetime64()], "datetime64[ns]")
+        assert pd.Timestamp(shift(start, "ns", back)[0]) == end
+        # Beside a step past the end, which alone is refused (or NaT).
+        moved = shift(start, "ns", np.array([back, 2 * back]), errors="coerce")
+        assert pd.Timestamp(moved[0]) == end and np.isnat(moved[1])
+        with pytest.raises(InvalidTimestampsError, match="outside"):
+            shift(start, "ns", 2 * back)
+
+
 def test_shifting_back_before_the_range_is_an_error():
     with pytest.raises(InvalidTimestampsError, match="outside"):
         shift(np.array(["1677-09-25"], "datetime64[ns]"), "D", -10)

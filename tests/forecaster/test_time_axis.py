@@ -532,10 +532,15 @@ def test_month_long_steps_are_monthly(ds, expected):
     assert infer_frequency(pd.Series(pd.to_datetime(ds))) == expected
 
 
-@pytest.mark.parametrize("freq", ["SMS-27", "SME-27"])
-def test_twice_monthly_data_on_day_27_is_semi_monthly(freq):
+@pytest.mark.parametrize("freq", ["SMS-27", "SME-27", "SME-2"])
+def test_twice_monthly_data_on_day_2_to_27_is_semi_monthly(freq):
     ds = pd.date_range("2024-01-01", periods=12, freq=freq)
     assert infer_frequency(pd.Series(ds)) == freq
+
+
+def test_two_timestamps_a_fortnight_apart_are_a_fixed_step():
+    """One step says nothing of a semi-month's uneven ones: the 1st and 15th are 14 days."""
+    assert infer_frequency(pd.Series(pd.to_datetime(["2024-01-01", "2024-01-15"]))) == "14D"
 
 
 def test_data_on_the_1st_and_28th_is_refused_as_irregular():

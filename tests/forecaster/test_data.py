@@ -12,12 +12,14 @@ from forecaster.data import (
     load_frame,
     quantile_column,
     read_wide_csv,
+    split_future_rows,
     time_split,
     wide_to_long,
 )
 from forecaster.errors import (
     EmptyDataError,
     ForecasterInputError,
+    InvalidConfigError,
     InvalidTimestampsError,
     MissingColumnsError,
     NonNumericValuesError,
@@ -93,6 +95,9 @@ def test_wide_with_other_time_column():
     wide = wide_frame().rename(columns={"date": "timestamp"})
     long = wide_to_long(wide, time_column="timestamp")
     assert len(long) == 12
+    # A flag column (True/False, as a maintenance flag beside the readings) is no series.
+    flagged = wide.assign(maintenance=[True, False] * 3)
+    pd.testing.assert_frame_equal(wide_to_long(flagged, time_column="timestamp"), long)
     with pytest.raises(MissingColumnsError, match="'date'"):
         wide_to_long(wide)
 
@@ -191,12 +196,71 @@ def test_time_split_sorts_each_series_in_time_and_keeps_columns():
     assert len(split.train) == 12 and len(split.val) == 4 and len(split.test) == 4
 
 
+def test_time_split_parts_hold_the_frames_columns_and_a_fresh_index():
+    """A part is a frame of the caller's columns: the reordering leaves no `index` column."""
+    df = series(10).assign(promo=1.0)
+    for frame in (df, df.sample(frac=1.0, random_state=0)):
+        split = time_split(frame, val_length=2, test_length=2, context_length=1)
+        for part in (split.train, split.val, split.test):
+            assert list(part.columns) == list(df.columns)
+            pd.testing.assert_index_equal(part.index, pd.RangeIndex(len(part)))
+
+
+def test_a_split_of_length_zero_is_empty_whatever_the_context():
+    df = series(10)
+    no_val = time_split(df, val_length=0, test_length=2, context_length=3)
+    assert no_val.val.empty and len(no_val.train) == 16 and len(no_val.test) == 10
+    no_test = time_split(df, val_length=2, test_length=0, context_length=3)
+    assert no_test.test.empty and len(no_test.val) == 10
+    # Without a context, validation starts right after training.
+    flush = time_split(df, val_length=2, test_length=2)
+    assert flush.val.groupby("unique_id")["y"].agg(list).tolist() == [[6.0, 7.0]] * 2
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "3", None])
+def test_split_lengths_must_be_whole_and_not_negative(value):
+    with pytest.raises(InvalidConfigError, match="val_length: expected an int >= 0") as info:
+        time_split(series(10), val_length=value, test_length=2)
+    assert info.value.field == "val_length"
+
+
 def test_time_split_too_short_names_series():
     df = pd.concat([series(30, ids=["ok"]), series(8, ids=["tiny"])], ignore_index=True)
     with pytest.raises(SeriesTooShortError) as info:
         time_split(df, val_length=3, test_length=3, context_length=4)
     assert info.value.series_id == "tiny"
     assert "'tiny' has 8 points, expected at least 10" in str(info.value)
+    # Exactly enough: the context's length of training points.
+    exact = pd.concat([series(30, ids=["ok"]), series(10, ids=["just"])], ignore_index=True)
+    split = time_split(exact, val_length=3, test_length=3, context_length=4)
+    assert (split.train["unique_id"] == "just").sum() == 4
+
+
+def test_future_rows_are_each_series_trailing_empty_targets():
+    """MLflow's single scoring frame: a series' rows with an empty `y` after its last observed
+    value are its known future; an empty `y` before it is a missing value of the history."""
+    frame = pd.DataFrame(
+        {
+            "unique_id": ["a"] * 5 + ["b"] * 3,
+            "ds": list(pd.date_range("2024-01-01", periods=5, freq="h"))
+            + list(pd.date_range("2024-01-01", periods=3, freq="h")),
+            "y": [1.0, np.nan, 3.0, np.nan, np.nan, 1.0, 2.0, np.nan],
+            "promo": np.arange(8, dtype=float),
+        }
+    )
+    history, future = split_future_rows(frame, ["promo"])
+    assert history["promo"].tolist() == [0.0, 1.0, 2.0, 5.0, 6.0]
+    assert future["promo"].tolist() == [3.0, 4.0, 7.0]
+    for part in (history, future):
+        assert list(part.columns) == list(frame.columns)
+        pd.testing.assert_index_equal(part.index, pd.RangeIndex(len(part)))
+    # Text targets, as a CSV body gives them: the missing-value spellings are empty too.
+    as_text = frame.assign(y=["1", "", "3", "NA", "", "1", "2", "NaN"])
+    assert split_future_rows(as_text, ["promo"])[1]["promo"].tolist() == [3.0, 4.0, 7.0]
+    # Nothing to split: a model without covariates, no target column, no trailing empty.
+    for args in ((frame, []), (frame.drop(columns="y"), ["promo"]), (frame.iloc[:3], ["promo"])):
+        got, none = split_future_rows(*args)
+        assert none is None and got is args[0]
 
 
 def test_synthetic_data_is_valid_seeded_and_promo_lifts_y():

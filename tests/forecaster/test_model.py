@@ -680,6 +680,9 @@ def test_each_row_takes_the_interval_factor_of_its_band_of_history(tiny_config):
     torch.testing.assert_close(scaled.quantiles, expected.sort(dim=-1).values)
 
 
-def test_config_is_frozen(tiny_config):
+def test_configs_are_frozen(tiny_config):
+    """A fitted model's configs are what it was saved with: no field changes after the checks."""
     with pytest.raises(AttributeError):
         tiny_config.d_model = 32
+    with pytest.raises(AttributeError):
+        TrainConfig().learning_rate = 1.0

@@ -4,10 +4,17 @@ here rather than in a user's fit."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from forecaster import ModelConfig, TrainConfig
-from forecaster.config import MAX_CONTEXT_LENGTH, N_HISTORY_BANDS
+from forecaster.config import (
+    MAX_CONTEXT_LENGTH,
+    N_HISTORY_BANDS,
+    config_from_dict,
+    config_to_dict,
+)
 from forecaster.errors import InvalidConfigError
 
 BANDS = N_HISTORY_BANDS
@@ -94,3 +101,26 @@ def test_a_model_of_width_one_is_a_model():
     with pytest.raises(InvalidConfigError, match="^d_model: expected >= 1") as error:
         ModelConfig(d_model=0, n_heads=1)
     assert error.value.field == "d_model"
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        ModelConfig(),
+        ModelConfig(quantiles=(0.05, 0.5, 0.95), covariates=("promo",), context_length=48),
+        TrainConfig(),
+        TrainConfig(impute_padding=True, interval_scale=1.2, replay_restarts=(0, 2)),
+    ],
+    ids=["model defaults", "model", "train defaults", "train"],
+)
+def test_a_config_round_trips_through_json(config):
+    """What `save` writes and `load` reads: tuples come back from JSON's lists, None and the
+    scalar forms of tuple-or-scalar fields as they were."""
+    values = config_to_dict(config)
+    assert json.loads(json.dumps(values)) == values
+    assert config_from_dict(type(config), values) == config
+
+
+def test_an_unknown_config_field_is_named_with_the_known_ones():
+    with pytest.raises(InvalidConfigError, match=r"unknown field\(s\) \['d_modle'\]; expected"):
+        config_from_dict(ModelConfig, {"d_modle": 32})

@@ -215,6 +215,43 @@ def test_settings_fail_fast(tmp_path, setting, value, needle):
         ServiceSettings(data_dir=tmp_path, **{setting: value})
 
 
+# (setting, values accepted, values refused): each range at its bounds.
+SETTING_BOUNDS = [
+    ("port", [0, 65535], [-1, 65536]),
+    ("workers", [1, 64], [0, 65]),
+    ("torch_threads", [None, 1, 256], [0, 257]),
+    ("poll_interval_s", [0.001], [0.0]),
+    ("max_batch_size", [1], [0]),
+    ("max_batch_wait_ms", [0.0, 10_000.0], [-0.001, 10_000.001]),
+    ("request_timeout_s", [0.001], [0.0, float("nan")]),
+    ("max_body_bytes", [1024], [1023]),
+    ("max_series_per_request", [1], [0]),
+    ("max_history_length", [1], [0]),
+    ("max_upload_bytes", [1024], [1023]),
+    ("max_attention_series", [1], [0]),
+    ("batch_workers", [1, 64], [0, 65]),
+    ("batch_chunk_series", [1], [0]),
+    ("batch_partition_bytes", [1024], [1023]),
+    ("job_lease_s", [0.001], [0.0]),
+    ("job_ttl_hours", [None, "none", " None ", 0.001], [0.0, float("inf")]),
+    ("forecast_log_flush_s", [0.001], [0.0]),
+    ("forecast_log_retention_days", [0.001], [0.0]),
+]
+
+
+@pytest.mark.parametrize(("setting", "accepted", "refused"), SETTING_BOUNDS)
+def test_each_settings_range_holds_its_bounds(tmp_path, setting, accepted, refused):
+    from pydantic import ValidationError
+
+    from service.settings import ServiceSettings
+
+    for value in accepted:
+        ServiceSettings(data_dir=tmp_path, **{setting: value})
+    for value in refused:
+        with pytest.raises(ValidationError, match=f"\\n{setting}\\n"):
+            ServiceSettings(data_dir=tmp_path, **{setting: value})
+
+
 def test_an_empty_environment_variable_means_the_default(tmp_path, monkeypatch):
     """docker-compose passes `${VAR:-}` as an empty value: an empty host once listened on
     every interface."""

@@ -162,3 +162,40 @@ def test_set_merges_over_the_yaml_and_may_fix_what_it_gets_wrong(tmp_path, monke
     assert (config.context_length, config.prediction_length, config.d_model) == (48, 24, 16)
     with pytest.raises(InvalidConfigError, match="val_length: expected at least the horizon"):
         load_settings(argparse.Namespace(config=str(cfg), set=[]))
+
+
+# (overrides accepted, overrides refused, the setting the refusal names): each range at its
+# bounds.
+SETTING_BOUNDS = [
+    ([{"val_length": 1, "model": {"prediction_length": 1}}], [{"val_length": 0}], "val_length"),
+    ([{"backtest_windows": 1}], [{"backtest_windows": 0}], "backtest_windows"),
+    ([{"plot_series": 1}], [{"plot_series": 0}], "plot_series"),
+    (
+        [{"promotion_margin": 0.0}, {"promotion_margin": 0.999}],
+        [{"promotion_margin": -0.001}, {"promotion_margin": 1.0}],
+        "promotion_margin",
+    ),
+    (
+        [{"promotion_alpha": 0.001}, {"promotion_alpha": 1.0}],
+        [{"promotion_alpha": 0.0}, {"promotion_alpha": 1.001}],
+        "promotion_alpha",
+    ),
+    (
+        [{"degradation_tolerance": 0.0}],
+        [{"degradation_tolerance": -0.001}],
+        "degradation_tolerance",
+    ),
+    ([{"degradation_min_points": 1}], [{"degradation_min_points": 0}], "degradation_min_points"),
+    ([{"predict_chunk_series": 1}], [{"predict_chunk_series": 0}], "predict_chunk_series"),
+]
+
+
+@pytest.mark.parametrize(
+    ("accepted", "refused", "named"), SETTING_BOUNDS, ids=[named for *_, named in SETTING_BOUNDS]
+)
+def test_each_settings_range_holds_its_bounds(accepted, refused, named):
+    for overrides in accepted:
+        PipelineSettings.load(**overrides)
+    for overrides in refused:
+        with pytest.raises(InvalidConfigError, match=f"{named}: "):
+            PipelineSettings.load(**overrides)

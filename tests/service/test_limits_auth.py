@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -236,6 +237,7 @@ SETTING_BOUNDS = [
     ("job_ttl_hours", [None, "none", " None ", 0.001], [0.0, float("inf")]),
     ("forecast_log_flush_s", [0.001], [0.0]),
     ("forecast_log_retention_days", [0.001], [0.0]),
+    ("api_keys", ["k" * 16, "k" * 16 + "," + "j" * 20], ["k" * 15, "k" * 16 + ",short"]),
 ]
 
 
@@ -250,6 +252,15 @@ def test_each_settings_range_holds_its_bounds(tmp_path, setting, accepted, refus
     for value in refused:
         with pytest.raises(ValidationError, match=f"\\n{setting}\\n"):
             ServiceSettings(data_dir=tmp_path, **{setting: value})
+
+
+def test_directories_are_created_with_their_parents(tmp_path):
+    """A fresh volume: data_dir and the directories under it do not exist yet."""
+    from service.settings import ServiceSettings
+
+    settings = ServiceSettings(data_dir=tmp_path / "fresh" / "service")
+    for path in (settings.data_dir, settings.input_dir, settings.forecast_log_dir):
+        assert Path(path).is_dir()
 
 
 def test_an_empty_environment_variable_means_the_default(tmp_path, monkeypatch):

@@ -415,3 +415,28 @@ def test_batch_job_horizon_is_a_positive_integer_and_quantiles_distinct(
     response = client.post("/v1/batch-jobs", files=files, data={field: value})
     assert response.status_code == 422, response.text
     assert response.json()["field"] == field
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"id": "s" * 256}, None),  # the longest id
+        ({"id": "s" * 257}, "series[0].id"),
+        ({"id": ""}, "series[0].id"),
+        ({"horizon": 1}, None),
+        ({"horizon": 0}, "horizon"),
+        ({"series": []}, "series"),
+    ],
+)
+def test_request_bounds_hold_at_their_edges(client, payload, change, field):
+    body = {"series": [payload("series_000")]}
+    if "id" in change:
+        body["series"][0]["id"] = change["id"]
+    else:
+        body.update(change)
+    response = client.post("/v1/forecast", json=body)
+    if field is None:
+        assert response.status_code == 200, response.text
+    else:
+        assert response.status_code == 422, response.text
+        assert response.json()["field"] == field, response.json()

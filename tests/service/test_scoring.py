@@ -44,6 +44,16 @@ def test_dataframe_split_with_params(client, two_series, fitted, identity):
     _check(response.json()["predictions"], fitted.predict(two_series, horizon=4, quantiles=[0.5]))
 
 
+def test_a_request_of_more_series_than_a_batch_is_answered_whole(make_client, history, fitted):
+    """It is split into batches of `max_batch_size` series; every series comes back once, in
+    the order given, as one call of the model would forecast it."""
+    client = make_client(max_batch_size=3)
+    assert history["unique_id"].nunique() == 4  # two batches, the second of one series
+    response = client.post("/invocations", json={"dataframe_records": _records(history)})
+    assert response.status_code == 200, response.text
+    _check(response.json()["predictions"], fitted.predict(history))
+
+
 def test_the_body_is_what_mlflow_writes(client, two_series, fitted):
     """MLflow's `predictions_to_json` of the same forecast: the same keys in the same order and
     the same values (another encoder writes them, so whitespace and exponents may differ)."""

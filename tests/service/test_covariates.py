@@ -145,6 +145,33 @@ def test_invocations_take_future_rows_with_empty_y(promo_client, promo_model, pr
     np.testing.assert_allclose(got["mean"], want["mean"], atol=1e-5)
 
 
+def test_invocations_split_into_batches_keep_each_series_future_rows(
+    make_client, promo_model, promo_frame
+):
+    """Split into batches of max_batch_size series, each batch carries its own series' future
+    rows: the forecasts are one model call's."""
+    client = make_client(
+        source=StaticSource(promo_model, ModelIdentity("forecaster", "7")), max_batch_size=2
+    )
+    ids = promo_frame["unique_id"].unique()
+    assert len(ids) == 3  # two batches, the second of one series
+    parts = [_split(promo_frame, sid, promo_model.context_length) for sid in ids]
+    past = pd.concat([p for p, _ in parts], ignore_index=True)
+    future = pd.concat([f for _, f in parts], ignore_index=True)
+    frame = pd.concat([pair for p, f in parts for pair in (p, f.assign(y=np.nan))])
+    frame["ds"] = frame["ds"].dt.strftime("%Y-%m-%dT%H:%M:%S")
+    split = {
+        "columns": list(frame.columns),
+        "data": frame.astype(object).where(frame.notna(), None).values.tolist(),
+    }
+    response = client.post("/invocations", json={"dataframe_split": split})
+    assert response.status_code == 200, response.text
+    want = promo_model.predict(past, future_df=future)
+    got = pd.DataFrame(response.json()["predictions"])
+    assert got["unique_id"].tolist() == want["unique_id"].tolist()
+    np.testing.assert_allclose(got["mean"], want["mean"], atol=1e-5)
+
+
 def test_invocations_refuse_text_in_the_last_history_y_naming_it(
     promo_client, promo_model, promo_frame
 ):

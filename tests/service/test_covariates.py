@@ -90,7 +90,10 @@ def test_covariates_missing_or_short_name_the_field(promo_client, promo_model, p
     series["covariates"] = {"promo": past["promo"].tolist()}  # history only, no future values
     response = promo_client.post("/v1/forecast", json={"series": [series]})
     assert response.status_code == 422
-    assert "horizon" in response.json()["detail"]
+    n, h = len(past), promo_model.model_config.prediction_length
+    assert response.json()["detail"].endswith(
+        f"covariates.promo): expected {n + h} values ({n} history + {h} horizon), got {n}"
+    ), response.json()["detail"]
     assert response.json()["series_id"] == "series_001"
 
 

@@ -54,12 +54,22 @@ def _dead_pid() -> int:
     return child.pid
 
 
+def test_a_store_on_a_fresh_volume_creates_its_directory(tmp_path):
+    store = JobStore(tmp_path / "fresh" / "service" / "jobs.db")
+    try:
+        job = _create(store, "job", created_at=1.0, input_owned=False)  # a file under input_dir
+        assert store.get("job") == job and not job.input_owned
+    finally:
+        store.close()
+
+
 def test_the_oldest_queued_job_is_taken_first_and_once(store):
     assert store.claim(ME, LEASE_S) is None
     _create(store, "newer", created_at=2.0)
     _create(store, "older", created_at=1.0)
     first = store.claim(ME, LEASE_S)
     assert (first.id, first.status, first.owner, first.attempts) == ("older", "running", ME, 1)
+    assert first.input_owned  # an uploaded input is the job's, deleted with it
     assert not first.resumed and first.started_at is not None
     assert store.claim(ME, LEASE_S).id == "newer"
     assert store.claim(ME, LEASE_S) is None  # both are running under a live owner

@@ -36,6 +36,15 @@ def _split(frame, series_id, context, horizon=HORIZON):
     return part.iloc[-(context + horizon) : -horizon], part.iloc[-horizon:]
 
 
+def _dataframe_split(frame):
+    """MLflow's `dataframe_split` of a frame: ISO timestamps, empty cells as null."""
+    frame = frame.assign(ds=frame["ds"].dt.strftime("%Y-%m-%dT%H:%M:%S"))
+    return {
+        "columns": list(frame.columns),
+        "data": frame.astype(object).where(frame.notna(), None).values.tolist(),
+    }
+
+
 @pytest.mark.parametrize("context", [None, 2], ids=["full_context", "two_points"])
 def test_online_forecast_with_future_covariates(promo_client, promo_model, promo_frame, context):
     """A two-point history too: padded and masked, its future stamps from the model's freq."""
@@ -136,11 +145,7 @@ def test_covariates_the_model_does_not_have_are_422(promo_client, promo_model, p
 def test_invocations_take_future_rows_with_empty_y(promo_client, promo_model, promo_frame):
     past, future = _split(promo_frame, "series_002", promo_model.context_length)
     frame = pd.concat([past, future.assign(y=np.nan)], ignore_index=True)
-    frame["ds"] = frame["ds"].dt.strftime("%Y-%m-%dT%H:%M:%S")
-    split = {
-        "columns": list(frame.columns),
-        "data": frame.astype(object).where(frame.notna(), None).values.tolist(),
-    }
+    split = _dataframe_split(frame)
     response = promo_client.post("/invocations", json={"dataframe_split": split})
     assert response.status_code == 200, response.text
     want = promo_model.predict(past, future_df=future)
@@ -162,11 +167,7 @@ def test_invocations_split_into_batches_keep_each_series_future_rows(
     past = pd.concat([p for p, _ in parts], ignore_index=True)
     future = pd.concat([f for _, f in parts], ignore_index=True)
     frame = pd.concat([pair for p, f in parts for pair in (p, f.assign(y=np.nan))])
-    frame["ds"] = frame["ds"].dt.strftime("%Y-%m-%dT%H:%M:%S")
-    split = {
-        "columns": list(frame.columns),
-        "data": frame.astype(object).where(frame.notna(), None).values.tolist(),
-    }
+    split = _dataframe_split(frame)
     response = client.post("/invocations", json={"dataframe_split": split})
     assert response.status_code == 200, response.text
     want = promo_model.predict(past, future_df=future)
@@ -183,18 +184,14 @@ def test_invocations_refuse_text_in_the_last_history_y_naming_it(
     past, future = _split(promo_frame, "series_002", promo_model.context_length)
     frame = pd.concat([past, future.assign(y=np.nan)], ignore_index=True).astype({"y": object})
     frame.loc[len(past) - 1, "y"] = "abc"
-    frame["ds"] = frame["ds"].dt.strftime("%Y-%m-%dT%H:%M:%S")
-    split = {
-        "columns": list(frame.columns),
-        "data": frame.astype(object).where(frame.notna(), None).values.tolist(),
-    }
+    split = _dataframe_split(frame)
     response = promo_client.post("/invocations", json={"dataframe_split": split})
     assert response.status_code == 400, response.text
     assert "'abc'" in response.json()["detail"] and "series_002" in response.json()["detail"]
     # "NA" spells an empty y, as in a CSV: future rows so given still forecast.
     frame.loc[len(past) - 1, "y"] = past["y"].iloc[-1]
     frame.loc[len(past) :, "y"] = "NA"
-    split["data"] = frame.astype(object).where(frame.notna(), None).values.tolist()
+    split = _dataframe_split(frame)
     response = promo_client.post("/invocations", json={"dataframe_split": split})
     assert response.status_code == 200, response.text
     want = promo_model.predict(past, future_df=future)

@@ -693,13 +693,14 @@ def infer_offset(
         return to_offset(pd.Timedelta(step, unit="ns"))
     days = step // DAY_NS
     first = pd.Timestamp(ds_i8[0])
+    # Before daily and weekly: the 1st and 2nd of each month step by 1 day, then by 27-30;
+    # the 1st and 8th by 7 days, then by 21-24.
+    if days <= 27 and steps.size > 1 and (semi := _semi_month_offset(ds_i8)) is not None:
+        return semi
     if days == 1:
         if not on_weekend(ds_i8).any() and (diffs == 3 * DAY_NS).any():
             return to_offset("B")
         return to_offset("D")
-    # Before weekly: the 1st and 8th of each month step by 7 days, then by 21-24.
-    if days <= 27 and steps.size > 1 and (semi := _semi_month_offset(ds_i8)) is not None:
-        return semi
     if days == 7:
         return to_offset(f"W-{_WEEKDAYS[first.day_of_week]}")
     for low, high, months in _MONTH_SPANS:
@@ -714,6 +715,11 @@ def _semi_month_offset(ds_i8: np.ndarray) -> BaseOffset | None:
     kinds present. None for anything else, such as 14-day steps, which drift through the
     month's days. Its steps are uneven (14 and 13-16 days for 'SMS', 9 and 19-22 for
     'SMS-10'), so the caller asks only when the steps are not all alike."""
+    # Daily data with gaps asks too: a month of it has more than one other day, so a look at
+    # its first timestamps spares reading the days of all of them.
+    head = pd.DatetimeIndex(ds_i8[:64])
+    if np.unique(head.day[(head.day != 1) & ~head.is_month_end]).size > 1:
+        return None
     index = pd.DatetimeIndex(ds_i8)
     day, month_end = index.day.to_numpy(), index.is_month_end
     mid = np.unique(day[(day != 1) & ~month_end])

@@ -532,10 +532,22 @@ def test_month_long_steps_are_monthly(ds, expected):
     assert infer_frequency(pd.Series(pd.to_datetime(ds))) == expected
 
 
-@pytest.mark.parametrize("freq", ["SMS-27", "SME-27", "SME-2"])
+@pytest.mark.parametrize("freq", ["SMS-2", "SMS-27", "SME-27", "SME-2"])
 def test_twice_monthly_data_on_day_2_to_27_is_semi_monthly(freq):
-    ds = pd.date_range("2024-01-01", periods=12, freq=freq)
+    """The 1st and 2nd of each month step by 1 day more often than by any other: read as
+    daily, half the month would be gaps. So would February's 27th and 28th in 'SME-27'."""
+    ds = pd.date_range("2023-01-01", periods=24, freq=freq)
     assert infer_frequency(pd.Series(ds)) == freq
+
+
+def test_daily_data_with_gaps_on_two_days_of_one_month_is_still_daily():
+    """Only every timestamp on the 1st or one other day makes data semi-monthly: a daily
+    history with a gap past its first 64 days is daily whatever its first days look like."""
+    gappy = pd.date_range("2024-01-01", periods=100, freq="D").delete(slice(70, 80))
+    mixed = pd.DatetimeIndex(["2024-01-01", "2024-01-02", "2024-02-01", "2024-02-05"])
+    for ds in (gappy, mixed):
+        with pytest.raises(IrregularTimestampsError, match="the inferred 'D'"):
+            infer_frequency(pd.Series(ds))
 
 
 def test_two_timestamps_a_fortnight_apart_are_a_fixed_step():

@@ -97,9 +97,7 @@ def _git(*args: str, cwd) -> None:
     subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
 
 
-def test_the_code_version_is_the_commit_and_says_whether_the_tree_was_dirty(
-    tmp_path, monkeypatch
-):
+def test_the_code_version_is_the_commit_and_says_whether_the_tree_was_dirty(tmp_path, monkeypatch):
     """Read from the repository the pipelines run from; edits to tracked files mark it dirty,
     untracked files (data, outputs) do not."""
     package = tmp_path / "pipelines"

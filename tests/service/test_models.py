@@ -177,3 +177,78 @@ def test_a_version_saved_by_code_that_forecasts_differently_is_refused(
     ready = client.get("/readyz")
     assert ready.status_code == 503
     assert f"is version {version}, which was refused" in ready.json()["detail"]
+
+
+def test_the_registry_s_metrics_and_realised_tags_are_served_and_refreshed_in_place(
+    make_client, registry, fitted, training_frame
+):
+    """The served version's run metrics and the monitor's realised-accuracy tags come from
+    the registry; when the monitor tags the same version again, a check takes the new
+    figures without reloading the model."""
+    from pipelines import tracking
+
+    version = registry.register(fitted, training_frame)
+    mlflow_client = tracking.client(registry.tracking_uri)
+    run_id = mlflow_client.get_model_version("forecaster", version).run_id
+    mlflow_client.log_metric(run_id, "val_mase", 0.87)
+    mlflow_client.set_model_version_tag("forecaster", version, "realised.mase", "0.91")
+    client = make_client(source="registry", tracking_uri=registry.tracking_uri, api_keys=API_KEY)
+    loaded = client.get("/v1/models", headers=KEY).json()["loaded"]
+    assert loaded["metrics"]["val_mase"] == 0.87
+    gauge = 'forecaster_model_realised_accuracy{metric="mase"}'
+    assert f"{gauge} 0.91" in client.get("/metrics", headers=KEY).text
+
+    mlflow_client.set_model_version_tag("forecaster", version, "realised.mase", "1.25")
+    assert client.post("/v1/models/reload", headers=KEY).json()["outcome"] == "unchanged"
+    assert f"{gauge} 1.25" in client.get("/metrics", headers=KEY).text
+    assert (
+        client.get("/v1/models", headers=KEY).json()["loaded"]["loaded_at"] == loaded["loaded_at"]
+    )
+
+
+def test_a_refused_version_is_not_retried_while_the_alias_stays_on_it(make_client, fitted, caplog):
+    """The poller does not load a broken version again at every poll (a forced reload does)."""
+    source = Versions(fitted)
+    loads = []
+    load = source.load
+    source.load = lambda identity: loads.append(identity.version) or load(identity)
+    client = make_client(source=source, poll_interval_s=0.1, api_keys=API_KEY)
+    source.version = "2"
+    assert _wait(lambda: client.get("/v1/models", headers=KEY).json()["refused"])
+    for _ in range(3):  # three more polls, each of which sees the alias on version 2
+        seen = client.get("/v1/models", headers=KEY).json()["last_check_at"]
+        assert _wait(
+            lambda seen=seen: client.get("/v1/models", headers=KEY).json()["last_check_at"] != seen
+        )
+    assert loads == ["1", "2"]
+    refused = [r for r in caplog.records if "refused forecaster version 2" in r.getMessage()]
+    assert len(refused) == 1 and "still serving version 1" in refused[0].getMessage()
+    assert (
+        'forecaster_model_loads_total{outcome="refused"} 1.0'
+        in client.get("/metrics", headers=KEY).text
+    )
+    forced = client.post("/v1/models/reload", headers=KEY).json()
+    assert forced["outcome"] == "refused" and loads == ["1", "2", "2"]
+
+
+def test_readiness_says_the_first_registry_check_is_still_running(make_client, fitted):
+    """A registry slow to answer at startup: the service comes up without a model, and its
+    readiness says why, until the check ends."""
+    import threading
+
+    release = threading.Event()
+    source = Versions(fitted)
+    resolve = source.resolve
+    source.resolve = lambda: release.wait(60) and resolve()
+    from service import app as app_module
+
+    startup, app_module.STARTUP_CHECK_S = app_module.STARTUP_CHECK_S, 0.2
+    try:
+        client = make_client(source=source)
+    finally:
+        app_module.STARTUP_CHECK_S = startup
+    ready = client.get("/readyz")
+    assert ready.status_code == 503
+    assert "first registry check still running" in ready.json()["detail"]
+    release.set()
+    assert _wait(lambda: client.get("/readyz").status_code == 200)

@@ -642,3 +642,109 @@ def test_a_replay_that_diverges_is_refused_and_the_tail_falls_back(series, tmp_p
     with pytest.raises(TrainingDivergedError, match="not saved"):
         tail.save(tmp_path / "nan")
     assert not (tmp_path / "nan" / "model.safetensors").exists()
+
+
+def test_weight_decay_falls_on_weight_matrices_and_the_linear_start_has_its_own_rate(
+    tiny_config,
+):
+    """nanoGPT's grouping: attention, feed-forward and embedding matrices decay; biases, norms
+    and the horizon queries do not; the linear start neither decays nor moves at the full rate."""
+    model = PatchTransformer(tiny_config)
+    config = TrainConfig(weight_decay=0.05, linear_start_lr_scale=0.2)
+    groups = training._parameter_groups(model, config)
+    name_of = {id(p): name for name, p in model.named_parameters()}
+    decay, no_decay, linear = ({name_of[id(p)] for p in g["params"]} for g in groups)
+    assert [(g["weight_decay"], g["lr_scale"]) for g in groups] == [
+        (0.05, 1.0),
+        (0.0, 1.0),
+        (0.0, 0.2),
+    ]
+    assert {"patch_embedding.weight", "point_head.weight", "naive_head.weight"} <= decay
+    assert any(n.startswith("encoder.layers.0.self_attention.") for n in decay)
+    assert any(n.startswith("decoder.layers.0.feed_forward.") for n in decay)
+    assert all(name_of[id(p)] in decay for p in model.encoder.parameters() if p.dim() == 2)
+    assert {"horizon_queries", "patch_embedding.bias", "encoder.norm.weight"} <= no_decay
+    assert all(model.get_parameter(n).dim() == 1 for n in no_decay - {"horizon_queries"})
+    assert linear == {"linear_start.weight", "linear_start.bias"}
+    assert decay | no_decay | linear == set(name_of.values())
+    assert len(decay) + len(no_decay) + len(linear) == len(name_of)  # each in one group only
+
+
+@pytest.mark.parametrize("warmup_steps, reached", [(8, 8), (100, 16)])
+def test_the_rate_warms_up_linearly_to_its_peak_within_an_epoch_then_holds_it(
+    series, monkeypatch, warmup_steps, reached
+):
+    """Step s of the warmup runs at s / W of the peak, W at most one epoch's 16 steps; the
+    linear start's group takes linear_start_lr_scale of the rate all along."""
+    rates = []
+    step = torch.optim.AdamW.step
+
+    def recording(self, *args, **kwargs):
+        rates.append(tuple(group["lr"] for group in self.param_groups))
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", recording)
+    config = TrainConfig(**{**TINY_TRAIN, "warmup_steps": warmup_steps, "tail_epochs": 0})
+    Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
+    peak, scale = config.learning_rate, config.linear_start_lr_scale
+    expected = [min(1.0, s / reached) * peak for s in range(1, 33)]  # 2 epochs of 16 steps
+    assert [r[0] for r in rates] == pytest.approx(expected)
+    assert [r[1] for r in rates] == pytest.approx(expected)
+    assert [r[2] for r in rates] == pytest.approx([r * scale for r in expected])
+
+
+def test_a_replay_logged_without_its_restarts_restarts_where_the_rate_changes(series, monkeypatch):
+    """A replay whose run was logged before restarts were (replay_restarts None) starts fresh
+    AdamW moments wherever its factor changes, as that run did after each restore, and at no
+    epoch whose factor is the one before's."""
+    created = []
+    adamw = training._adamw
+    monkeypatch.setattr(training, "_adamw", lambda *args: created.append(1) or adamw(*args))
+    config = TrainConfig(**{**TINY_TRAIN, "replay_lr_factors": (1.0, 1.0, 0.3, 0.3)})
+    Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
+    assert len(created) == 2  # the first epoch's optimiser and the restart at the third
+
+
+def test_a_second_restore_to_the_same_epoch_decays_again_and_counts_one_restart(
+    series, monkeypatch
+):
+    """Two plateaus in a row restore the same best weights twice, each time at a smaller rate;
+    the kept path restarts AdamW's moments there once, not once per restore."""
+    scripted = iter(
+        # epoch 0, 1 best, 2-3 stale (restore to 1, rate x 0.3), 4-5 stale (restore to 1
+        # again, x 0.09), 6 best, 7-8 stale: stop
+        [1.0, 0.9, 0.95, 0.96, 0.97, 0.98, 0.8, 0.85, 0.86]
+    )
+    monkeypatch.setattr(training, "evaluate_loss", lambda *args, **kwargs: next(scripted))
+    config = TrainConfig(**{**TINY_TRAIN, "max_epochs": 20, "tail_epochs": 0})
+    result = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series, val_df=series).train_result
+    assert [round(e.learning_rate / config.learning_rate, 6) for e in result.epochs] == [
+        *[1.0] * 3,
+        *[0.3] * 2,
+        *[0.09] * 3,
+    ]
+    assert result.stopped_early and result.best_epoch == 6
+    assert result.kept_lr_factors == pytest.approx((1.0, 0.09))
+    assert result.kept_restarts == (1,)
+
+
+def test_a_budget_that_runs_out_with_the_last_epoch_is_not_reported_as_cutting_training(
+    series, caplog
+):
+    """out_of_time says epochs were left untrained: not when the budget's last epoch was the
+    last there was to train."""
+    config = TrainConfig(
+        **{**TINY_TRAIN, "max_epochs": 1, "tail_epochs": 0, "max_train_seconds": 1e-6}
+    )
+    result = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series).train_result
+    assert len(result.epochs) == 1 and not result.out_of_time
+    assert "no time for epoch" not in caplog.text
+
+
+def test_without_validation_the_padding_is_read_as_the_mean_in_every_band(series):
+    """A run with no validation windows (a replay not given its run's choice) has nothing to
+    choose the padding's reading on: every band reads it as the mean, as training did."""
+    config = TrainConfig(**{**TINY_TRAIN, "replay_lr_factors": (1.0,)})
+    model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
+    assert model.train_result.impute_padding == (False,) * N_HISTORY_BANDS
+    assert not model.model.padding_imputed.any()

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from forecaster.layers import Dropout
+from forecaster.layers import Dropout, Encoder
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5])
@@ -52,3 +52,25 @@ def test_dropout_keeps_the_dtype_and_is_an_nn_dropout():
     dropout = Dropout(0.1).train()
     assert isinstance(dropout, nn.Dropout)
     assert dropout(torch.randn(4, 4, dtype=torch.bfloat16)).dtype == torch.bfloat16
+
+
+def test_dropout_on_cpu_draws_its_mask_from_16_bit_integers():
+    """The CPU path is the one that runs (torch's kernel took a quarter of a training step):
+    its rate is a whole number of 2^-16, so 0.1 keeps 1 - 6554 / 65536 and scales by that."""
+    torch.manual_seed(0)
+    y = Dropout(0.1).train()(torch.ones(10_000))
+    kept = y[y != 0]
+    torch.testing.assert_close(kept, torch.full_like(kept, 1 / (1 - 6554 / 2**16)), rtol=0, atol=0)
+
+
+def test_the_encoder_reads_the_context_both_ways():
+    """Bidirectional self-attention: the first context token's features change with the last
+    token, as the last token's do with the first (the decoder alone is causal)."""
+    torch.manual_seed(0)
+    encoder = Encoder(2, 16, 2, 32, dropout=0.0, attention_dropout=0.0).eval()
+    x = torch.randn(1, 5, 16)
+    base = encoder(x).hidden
+    for changed, read in ((4, 0), (0, 4)):
+        moved = x.clone()
+        moved[:, changed] += torch.randn(16)
+        assert not torch.allclose(encoder(moved).hidden[:, read], base[:, read])

@@ -400,6 +400,21 @@ def test_the_long_season_is_one_more_naive_forecast_where_the_context_holds_it()
     torch.testing.assert_close(design @ priors["last long season"], weekly)
     assert "last long season" not in naive_forecast_maps(12, 8, 2, long_season_length=24)
     assert "last long season" not in naive_forecast_maps(12, 8, 6, long_season_length=6)
+    # A cycle exactly as long as the context is in view: its one cycle is the whole context.
+    assert "last season" in naive_forecast_maps(12, 8, season_length=12)
+    assert "last long season" in naive_forecast_maps(12, 8, 2, long_season_length=12)
+
+
+def test_hourly_day_ahead_forecasts_blend_last_week():
+    """Hourly data forecast a day ahead reads a context of seven horizons, exactly one week:
+    the week's last cycle is one of the naive forecasts its head blends."""
+    config = ModelConfig(prediction_length=24).for_frequency("h")
+    assert config.context_length == config.long_season_length == 168
+    model = PatchTransformer(config)
+    maps = naive_forecast_maps(168, 24, season_length=24, long_season_length=168)
+    assert "last long season" in maps
+    assert model.naive_head.out_features == len(maps)
+    torch.testing.assert_close(model.naive_maps, torch.stack(list(maps.values())).float())
 
 
 def test_the_naive_head_blends_the_long_season_when_the_config_has_one(tiny_config):

@@ -191,3 +191,76 @@ def test_an_unexpected_error_is_a_json_500_with_a_request_id(client, fitted, pay
     assert response.headers["x-request-id"] == body["request_id"]
     manager.current = served
     assert client.post("/v1/forecast", json={"series": [payload("series_000")]}).is_success
+
+
+def _damaged(body: dict, damage: str) -> dict:
+    split = body["dataframe_split"]
+    if damage == "repeated column":
+        split["columns"] = ["unique_id", "ds", "ds"]
+    elif damage == "short row":
+        split["data"][2] = split["data"][2][:2]
+    elif damage == "row not a list":
+        split["data"][2] = dict(zip(split["columns"], split["data"][2], strict=True))
+    elif damage == "no rows":
+        split["data"] = []
+    elif damage == "unknown key":
+        body["inputs"] = []
+    elif damage == "unknown split key":
+        split["dtypes"] = {}
+    elif damage == "index":
+        split["index"] = list(range(len(split["data"])))
+    elif damage == "columns not text":
+        split["columns"] = [0, 1, 2]
+    elif damage == "columns as text":
+        split["columns"] = "unique_id,ds,y"
+    elif damage == "data not a list":
+        split["data"] = {"0": split["data"][0]}
+    elif damage == "split not an object":
+        body["dataframe_split"] = [split]
+    elif damage == "ids that read as numbers":
+        for row in split["data"]:
+            row[0] = "007"
+    elif damage == "y as text":
+        for row in split["data"]:
+            row[2] = str(row[2])
+    return body
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "none",
+        "repeated column",
+        "short row",
+        "row not a list",
+        "no rows",
+        "unknown key",
+        "unknown split key",
+        "index",
+        "columns not text",
+        "columns as text",
+        "data not a list",
+        "split not an object",
+        "ids that read as numbers",
+        "y as text",
+    ],
+)
+def test_the_fast_split_reader_answers_as_mlflow_s_parser_does(
+    client, history, monkeypatch, damage
+):
+    """Reading a dataframe_split without pandas is a shortcut, not another contract: every
+    body, well-formed or not, gets the answer MLflow's own parser gives it."""
+    from service.routers import scoring
+
+    one = history[history["unique_id"] == "series_001"]
+    body = _damaged(_split_body(one, horizon=4), damage)
+    well_formed = ("none", "index", "ids that read as numbers", "y as text")
+    if damage in well_formed:  # the hot path takes a well-formed body itself
+        assert scoring.fast_split_parts(body) is not None
+    fast = client.post("/invocations", json=body)
+    monkeypatch.setattr(scoring, "fast_split_parts", lambda decoded: None)
+    parsed = client.post("/invocations", json=_damaged(_split_body(one, horizon=4), damage))
+    assert fast.status_code == parsed.status_code, (fast.text, parsed.text)
+    assert fast.json() == parsed.json()
+    # pandas pads a short row with nulls, so MLflow reads its missing y as a gap.
+    assert (fast.status_code == 200) == (damage in (*well_formed, "short row"))

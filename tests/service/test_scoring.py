@@ -228,6 +228,9 @@ def test_ping_health_version(client):
         (True, None, False),
         (None, "0.1,0.9", False),
         (None, [True], False),
+        (1, None, True),  # the bound, both sides of it
+        (0, None, False),
+        (None, ["0.5"], False),  # a level given as text inside the list
     ],
 )
 def test_json_parameters_get_one_answer_on_both_routes(

@@ -140,6 +140,13 @@ def test_series_and_history_limits(make_client, payload):
     assert response.status_code == 422
     assert response.json()["field"] == "series[1].values"
     assert response.json()["series_id"] == "series_001"
+    # Each limit is the last value served.
+    at_limits = {"series": [payload("series_000", 60), payload("series_001", 60)]}
+    response = client.post("/v1/forecast", json=at_limits)
+    assert response.status_code == 200, response.text
+    response = client.post("/v1/forecast", json={"series": [payload("series_000", 61)]})
+    assert response.status_code == 422
+    assert response.json()["field"] == "series[0].values"
 
 
 def test_timeout_is_504_and_its_forecast_is_not_logged(make_client, payload, monkeypatch, tmp_path):

@@ -211,6 +211,21 @@ def test_unsupported_content_type(client):
     assert response.status_code == 415
 
 
+@pytest.mark.parametrize(
+    ("content_type", "status"),
+    [
+        ("application/json; charset=UTF-8", 200),
+        ("application/json; charset=latin-1", 415),
+        ("application/json; format=pandas-split", 415),
+    ],
+)
+def test_a_json_body_is_read_as_utf_8_only(client, two_series, content_type, status):
+    """A charset other than UTF-8, or any other parameter, is refused, not misread."""
+    body = json.dumps({"dataframe_records": _records(two_series)})
+    response = client.post("/invocations", content=body, headers={"content-type": content_type})
+    assert response.status_code == status, response.text
+
+
 def test_ping_health_version(client):
     assert client.get("/ping").status_code == 200
     assert client.get("/health").status_code == 200

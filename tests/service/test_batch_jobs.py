@@ -103,6 +103,29 @@ def test_path_under_input_dir(make_client, tmp_path, history, fitted):
     assert (inputs / "nightly" / "h.csv").exists()  # the caller's file is left alone
 
 
+@pytest.mark.parametrize("how", ["multipart", "json"])
+def test_the_options_a_body_gives_are_the_job_s(make_client, tmp_path, history, how):
+    """horizon and output_format given as multipart fields, or in the JSON body naming a
+    file, set the job's: the forecast has that many steps, in that format."""
+    client = make_client()
+    options = {"horizon": 3, "output_format": "parquet"}
+    if how == "json":
+        history.to_csv(tmp_path / "data" / "inputs" / "h.csv", index=False)
+        response = client.post("/v1/batch-jobs", json={"path": "h.csv", **options})
+    else:
+        files = {"file": ("history.csv", history.to_csv(index=False).encode(), "text/csv")}
+        fields = {k: str(v) for k, v in options.items()}
+        response = client.post("/v1/batch-jobs", files=files, data=fields)
+    assert response.status_code == 202, response.text
+    job = response.json()
+    assert (job["horizon"], job["input_format"], job["output_format"]) == (3, "csv", "parquet")
+    done = wait_for_job(client, job["id"])
+    assert done["status"] == "succeeded", done
+    result = client.get(f"/v1/batch-jobs/{done['id']}/result")
+    assert result.headers["content-type"] == "application/vnd.apache.parquet"
+    assert (read_result(result).groupby("unique_id").size() == 3).all()
+
+
 def test_an_empty_quantile_list_asks_for_the_mean_alone(make_client, tmp_path, history, fitted):
     """As on /v1/forecast: `quantiles: []` is an answer (the mean only), not an absence."""
     client = make_client()

@@ -193,58 +193,33 @@ def test_an_unexpected_error_is_a_json_500_with_a_request_id(client, fitted, pay
     assert client.post("/v1/forecast", json={"series": [payload("series_000")]}).is_success
 
 
-def _damaged(body: dict, damage: str) -> dict:
-    split = body["dataframe_split"]
-    if damage == "repeated column":
-        split["columns"] = ["unique_id", "ds", "ds"]
-    elif damage == "short row":
-        split["data"][2] = split["data"][2][:2]
-    elif damage == "row not a list":
-        split["data"][2] = dict(zip(split["columns"], split["data"][2], strict=True))
-    elif damage == "no rows":
-        split["data"] = []
-    elif damage == "unknown key":
-        body["inputs"] = []
-    elif damage == "unknown split key":
-        split["dtypes"] = {}
-    elif damage == "index":
-        split["index"] = list(range(len(split["data"])))
-    elif damage == "columns not text":
-        split["columns"] = [0, 1, 2]
-    elif damage == "columns as text":
-        split["columns"] = "unique_id,ds,y"
-    elif damage == "data not a list":
-        split["data"] = {"0": split["data"][0]}
-    elif damage == "split not an object":
-        body["dataframe_split"] = [split]
-    elif damage == "ids that read as numbers":
-        for row in split["data"]:
-            row[0] = "007"
-    elif damage == "y as text":
-        for row in split["data"]:
-            row[2] = str(row[2])
-    return body
+def _set_cells(split: dict, column: int, cell) -> None:
+    for row in split["data"]:
+        row[column] = cell(row[column])
 
 
-@pytest.mark.parametrize(
-    "damage",
-    [
-        "none",
-        "repeated column",
-        "short row",
-        "row not a list",
-        "no rows",
-        "unknown key",
-        "unknown split key",
-        "index",
-        "columns not text",
-        "columns as text",
-        "data not a list",
-        "split not an object",
-        "ids that read as numbers",
-        "y as text",
-    ],
-)
+# Each change of a well-formed dataframe_split body (body, split) -> None, by name.
+DAMAGES = {
+    "none": lambda body, split: None,
+    "repeated column": lambda body, split: split.update(columns=["unique_id", "ds", "ds"]),
+    "short row": lambda body, split: split["data"].__setitem__(2, split["data"][2][:2]),
+    "row not a list": lambda body, split: split["data"].__setitem__(
+        2, dict(zip(split["columns"], split["data"][2], strict=True))
+    ),
+    "no rows": lambda body, split: split.update(data=[]),
+    "unknown key": lambda body, split: body.update(inputs=[]),
+    "unknown split key": lambda body, split: split.update(dtypes={}),
+    "index": lambda body, split: split.update(index=list(range(len(split["data"])))),
+    "columns not text": lambda body, split: split.update(columns=[0, 1, 2]),
+    "columns as text": lambda body, split: split.update(columns="unique_id,ds,y"),
+    "data not a list": lambda body, split: split.update(data={"0": split["data"][0]}),
+    "split not an object": lambda body, split: body.update(dataframe_split=[split]),
+    "ids that read as numbers": lambda body, split: _set_cells(split, 0, lambda _: "007"),
+    "y as text": lambda body, split: _set_cells(split, 2, str),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
 def test_the_fast_split_reader_answers_as_mlflow_s_parser_does(
     client, history, monkeypatch, damage
 ):
@@ -252,14 +227,14 @@ def test_the_fast_split_reader_answers_as_mlflow_s_parser_does(
     body, well-formed or not, gets the answer MLflow's own parser gives it."""
     from service.routers import scoring
 
-    one = history[history["unique_id"] == "series_001"]
-    body = _damaged(_split_body(one, horizon=4), damage)
+    body = _split_body(history[history["unique_id"] == "series_001"], horizon=4)
+    DAMAGES[damage](body, body["dataframe_split"])
     well_formed = ("none", "index", "ids that read as numbers", "y as text")
     if damage in well_formed:  # the hot path takes a well-formed body itself
         assert scoring.fast_split_parts(body) is not None
     fast = client.post("/invocations", json=body)
     monkeypatch.setattr(scoring, "fast_split_parts", lambda decoded: None)
-    parsed = client.post("/invocations", json=_damaged(_split_body(one, horizon=4), damage))
+    parsed = client.post("/invocations", json=body)
     assert fast.status_code == parsed.status_code, (fast.text, parsed.text)
     assert fast.json() == parsed.json()
     # pandas pads a short row with nulls, so MLflow reads its missing y as a gap.

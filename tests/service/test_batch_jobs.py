@@ -28,6 +28,15 @@ def wait_for_job(client, job_id: str, timeout: float = 60.0) -> dict:
     raise AssertionError(f"job {job_id} did not finish: {job}")
 
 
+def wait_for_metric(client, sample: str, timeout: float = 30.0) -> str:
+    """The /metrics text once it holds `sample`: a job's counters follow its status."""
+    deadline = time.monotonic() + timeout
+    while sample not in (metrics := client.get("/metrics").text):
+        assert time.monotonic() < deadline, metrics
+        time.sleep(0.05)
+    return metrics
+
+
 def read_result(response) -> pd.DataFrame:
     if response.headers["content-type"].startswith("text/csv"):
         frame = pd.read_csv(io.BytesIO(response.content), parse_dates=["ds"])
@@ -65,6 +74,9 @@ def test_csv_upload_to_csv_result(client, history, fitted):
     result = client.get(done["result_url"])
     assert result.headers["content-type"].startswith("text/csv")
     assert_same_forecast(read_result(result), expected(fitted, history, horizon=6))
+    metrics = wait_for_metric(client, 'forecaster_batch_jobs_total{event="succeeded"} 1.0')
+    assert "forecaster_batch_job_series_total 4.0" in metrics
+    assert 'event="failed"' not in metrics
 
 
 def test_parquet_upload_raw_body_to_parquet_result(client, history, fitted):
@@ -342,6 +354,9 @@ def test_a_job_whose_every_series_is_bad_fails_naming_the_first(client, history)
     assert "no series could be forecast" in done["error"]["detail"]
     result = client.get(f"/v1/batch-jobs/{done['id']}/result")
     assert result.status_code == 409
+    metrics = wait_for_metric(client, 'forecaster_batch_jobs_total{event="failed"} 1.0')
+    assert 'event="succeeded"' not in metrics
+    assert "forecaster_batch_job_series_total 0.0" in metrics
 
 
 def test_unknown_job(client):
@@ -580,16 +595,46 @@ def test_deleting_a_running_job_cancels_it_without_a_failure(
         time.sleep(0.02)
     assert client.delete(f"/v1/batch-jobs/{job['id']}").status_code == 204
     assert client.get(f"/v1/batch-jobs/{job['id']}").status_code == 404
-    metrics = client.get("/metrics").text
-    deadline = time.monotonic() + 30
-    while 'forecaster_batch_jobs_total{event="cancelled"} 1.0' not in metrics:
-        assert time.monotonic() < deadline, metrics
-        time.sleep(0.05)
-        metrics = client.get("/metrics").text
+    metrics = wait_for_metric(client, 'forecaster_batch_jobs_total{event="cancelled"} 1.0')
     assert 'event="failed"' not in metrics
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
     client.__exit__(None, None, None)  # flushes the log
     assert read_log(tmp_path / "data" / "forecast_log").empty
+
+
+def test_an_accepted_job_starts_at_once_not_at_the_next_poll(make_client, history, monkeypatch):
+    """Idle workers wait for a wake-up: an accepted job must not wait out the poll interval
+    (made an hour here, so only the wake-up can start the job)."""
+    from service import job_runner
+
+    monkeypatch.setattr(job_runner, "IDLE_POLL_S", 3600.0)
+    client = make_client(job_lease_s=3 * 3600.0)
+    time.sleep(0.5)  # the worker has looked, found nothing and waits
+    files = {"file": ("h.csv", history.to_csv(index=False).encode(), "text/csv")}
+    job = client.post("/v1/batch-jobs", files=files).json()
+    assert wait_for_job(client, job["id"], timeout=30)["status"] == "succeeded"
+
+
+def test_a_job_outlasting_its_lease_stays_with_its_worker(make_client, history, monkeypatch):
+    """The running job's lease is renewed while it runs: another worker (or replica) must not
+    take over a job that is merely slow, forecasting it twice."""
+    from service import job_processing
+
+    forecast_partition = job_processing._forecast_partition
+    calls = []
+
+    def slow(*args, **kwargs):
+        calls.append(time.monotonic())
+        time.sleep(2.5)  # five leases
+        return forecast_partition(*args, **kwargs)
+
+    monkeypatch.setattr(job_processing, "_forecast_partition", slow)
+    client = make_client(batch_workers=2, job_lease_s=0.5)
+    files = {"file": ("h.csv", history.to_csv(index=False).encode(), "text/csv")}
+    job = client.post("/v1/batch-jobs", files=files).json()
+    assert wait_for_job(client, job["id"], timeout=30)["status"] == "succeeded"
+    assert len(calls) == 1
+    assert 'event="resumed"' not in client.get("/metrics").text
 
 
 def test_finished_jobs_are_deleted_after_their_retention(make_client, history, tmp_path):

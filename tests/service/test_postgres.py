@@ -82,14 +82,15 @@ def test_orphan_cleanup_spares_uploads_that_may_still_be_arriving(make_client, t
     """Replicas and worker processes share the job directory: at start, a directory without
     a row is removed only once nothing in it has changed for ORPHAN_AGE_S."""
     jobs = tmp_path / "data" / "jobs"
-    for name in ("arriving", "abandoned"):
+    for name in ("arriving", "still-writing", "abandoned"):
         (jobs / name).mkdir(parents=True)
         (jobs / name / "input.upload").write_text("unique_id,ds,y\n")
     old = time.time() - ORPHAN_AGE_S - 60
-    for path in (jobs / "abandoned", jobs / "abandoned" / "input.upload"):
+    # An upload streams into its file: the directory's own time stops at the file's creation.
+    for path in (jobs / "abandoned", jobs / "abandoned" / "input.upload", jobs / "still-writing"):
         os.utime(path, (old, old))
     make_client()
-    assert [p.name for p in jobs.iterdir()] == ["arriving"]
+    assert sorted(p.name for p in jobs.iterdir()) == ["arriving", "still-writing"]
 
 
 # -- the PostgreSQL job store ----------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from datetime import UTC, datetime
 
@@ -10,8 +11,10 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
+from forecaster import Forecaster
+from service.errors import InvalidInputError
 from service.job_files import JobFiles, write_text_atomic
-from service.job_processing import JobContext, JobStopped, process_job
+from service.job_processing import JobContext, JobStopped, input_error_payload, process_job
 from service.job_store import JobStore
 from service.model_manager import ServedModel
 
@@ -88,6 +91,9 @@ def test_progress_advances_after_every_chunk_bad_ones_included(
     assert len(steps) >= n_chunks and steps.max() <= CHUNK, seen
     assert len(set(rows) - {0}) >= n_chunks, seen
     assert seen[-1] == (len(frame), 13, 3)
+    # What a finished job keeps is its result and errors: the working files go.
+    assert ctx.files.result_parquet.exists() and ctx.files.errors_csv.exists()
+    assert not ctx.files.parts.exists() and not ctx.files.partitions.exists()
     if layout == "grouped":  # failures count when their chunk is done, not at the end
         assert next(s for s in seen if s[2])[1:] == (3, 3), seen
 
@@ -236,3 +242,100 @@ def test_rows_by_time_are_partitioned_without_forecasting_first_rows_as_series(
     process_job(ctx)
     assert sorted(logged) == sorted(frame["unique_id"].unique())
     assert store.get(job.id).series_done == frame["unique_id"].nunique()
+
+
+def _sixteen_series(training_frame: pd.DataFrame) -> pd.DataFrame:
+    frames = []
+    for k in range(4):  # 4 base series under new ids
+        part = training_frame.groupby("unique_id").tail(60).copy()
+        part["unique_id"] = part["unique_id"] + f"-{k}"
+        frames.append(part)
+    return pd.concat(frames, ignore_index=True)
+
+
+@pytest.mark.parametrize(("resumed_under", "forecast_again"), [("3", 16 - CHUNK), ("4", 16)])
+def test_a_job_resumed_under_another_model_version_starts_over(
+    tmp_path, fitted, identity, training_frame, resumed_under, forecast_again
+):
+    """A result is one model's: the parts an earlier version wrote are kept for a resume by
+    the same version and forecast again by another (a champion promoted meanwhile)."""
+    source = tmp_path / "input.csv"
+    _sixteen_series(training_frame).to_csv(source, index=False)
+    store, job = _claimed_job(tmp_path, source)
+    files = JobFiles(tmp_path / "jobs", job.id)
+    stopping = threading.Event()
+    forecast: list[str] = []
+
+    def context(version: str) -> JobContext:
+        ident = dataclasses.replace(identity, version=version)
+        return JobContext(
+            job=store.get(job.id),
+            files=files,
+            served=ServedModel(fitted, ident, datetime.now(UTC)),
+            chunk_series=CHUNK,
+            partition_bytes=4096,  # streamed: a part per chunk
+            report=lambda **values: store.update(job.id, "worker-1", **values),
+            stopping=stopping,
+            on_forecast=lambda arrays, _: (forecast.extend(arrays.series_ids), stopping.set()),
+        )
+
+    with pytest.raises(JobStopped):  # stopped after its first part, under version 3
+        process_job(context("3"))
+    assert identity.version == "3" and len(forecast) == CHUNK
+    forecast.clear()
+    stopping = threading.Event()
+    ctx = context(resumed_under)
+    ctx = dataclasses.replace(ctx, on_forecast=lambda arrays, _: forecast.extend(arrays.series_ids))
+    process_job(ctx)
+    assert len(forecast) == forecast_again
+    assert pd.read_parquet(files.result_parquet)["unique_id"].nunique() == 16
+    assert store.get(job.id).model_version == resumed_under
+
+
+def test_a_job_whose_input_file_is_gone_fails_naming_it(tmp_path, fitted, identity, training_frame):
+    """A job naming a file under the input directory is queued; if the file is removed before
+    a worker takes it, the job fails with that reason (not an internal error)."""
+    source = tmp_path / "input.csv"
+    training_frame.to_csv(source, index=False)
+    store, job = _claimed_job(tmp_path, source)
+    source.unlink()
+    ctx = JobContext(
+        job=job,
+        files=JobFiles(tmp_path / "jobs", job.id),
+        served=ServedModel(fitted, identity, datetime.now(UTC)),
+        chunk_series=CHUNK,
+        partition_bytes=4096,
+        report=lambda **values: store.update(job.id, "worker-1", **values),
+        stopping=threading.Event(),
+    )
+    with pytest.raises(InvalidInputError) as caught:
+        process_job(ctx)
+    payload = input_error_payload(caught.value)
+    assert payload["error"] != "internal_error"
+    assert f"the input file {str(source)!r} no longer exists" in payload["detail"]
+
+
+def test_a_job_taken_by_a_model_that_needs_covariates_fails_naming_them(
+    tmp_path, fitted, identity, training_frame
+):
+    """Refused at submission too; this is the job accepted while no model (or another one)
+    was served, taken once a model with known-future covariates is the champion."""
+    needs_promo = Forecaster(
+        dataclasses.replace(fitted.model_config, covariates=("promo",)), fitted.train_config
+    )
+    source = tmp_path / "input.csv"
+    training_frame.to_csv(source, index=False)
+    store, job = _claimed_job(tmp_path, source)
+    ctx = JobContext(
+        job=job,
+        files=JobFiles(tmp_path / "jobs", job.id),
+        served=ServedModel(needs_promo, identity, datetime.now(UTC)),
+        chunk_series=CHUNK,
+        partition_bytes=4096,
+        report=lambda **values: store.update(job.id, "worker-1", **values),
+        stopping=threading.Event(),
+    )
+    with pytest.raises(InvalidInputError) as caught:
+        process_job(ctx)
+    assert caught.value.field == "promo"
+    assert "POST /v1/forecast" in input_error_payload(caught.value)["detail"]

@@ -339,3 +339,61 @@ def test_a_job_taken_by_a_model_that_needs_covariates_fails_naming_them(
         process_job(ctx)
     assert caught.value.field == "promo"
     assert "POST /v1/forecast" in input_error_payload(caught.value)["detail"]
+
+
+def test_a_row_without_an_id_far_into_the_file_is_named_by_its_row(
+    tmp_path, fitted, identity, training_frame, monkeypatch
+):
+    """The row a caller is told to fix is counted across the input's blocks, not within one."""
+    from service import job_files
+
+    monkeypatch.setattr(job_files, "PARQUET_BATCH_ROWS", 100)
+    frame = _sixteen_series(training_frame).astype({"unique_id": object})
+    frame.loc[[250, 731], "unique_id"] = None  # in the third and the eighth block
+    source = tmp_path / "input.parquet"
+    frame.to_parquet(source, index=False)
+    store, job = _claimed_job(tmp_path, source)
+    files = JobFiles(tmp_path / "jobs", job.id)
+    ctx = JobContext(
+        job=job,
+        files=files,
+        served=ServedModel(fitted, identity, datetime.now(UTC)),
+        chunk_series=CHUNK,
+        partition_bytes=4096,
+        report=lambda **values: store.update(job.id, "worker-1", **values),
+        stopping=threading.Event(),
+    )
+    process_job(ctx)
+    (detail,) = pd.read_csv(files.errors_csv)["detail"]
+    assert "unique_id is missing at row 250 (2 such row(s)" in detail
+
+
+def test_a_part_whose_record_was_never_written_is_forecast_again(
+    tmp_path, fitted, identity, training_frame
+):
+    """A worker killed between writing a part and its record leaves a part no resume can
+    count: the resuming worker forecasts that part again instead of failing the job."""
+    frame = _sixteen_series(training_frame)
+    source = tmp_path / "input.csv"
+    frame.to_csv(source, index=False)
+    store, job = _claimed_job(tmp_path, source)
+    files = JobFiles(tmp_path / "jobs", job.id)
+    stopping = threading.Event()
+    ctx = JobContext(
+        job=job,
+        files=files,
+        served=ServedModel(fitted, identity, datetime.now(UTC)),
+        chunk_series=CHUNK,
+        partition_bytes=4096,  # streamed: a part per chunk
+        report=lambda **values: store.update(job.id, "worker-1", **values),
+        stopping=stopping,
+        on_forecast=lambda arrays, _: stopping.set(),
+    )
+    with pytest.raises(JobStopped):
+        process_job(ctx)
+    (files.parts / "00000.json").unlink()  # as if killed before the record
+    stopping.clear()
+    process_job(dataclasses.replace(ctx, on_forecast=None))
+    got = pd.read_parquet(files.result_parquet)
+    assert got["unique_id"].nunique() == 16
+    assert store.get(job.id).series_done == 16

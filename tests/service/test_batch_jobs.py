@@ -625,11 +625,11 @@ def test_a_job_outlasting_its_lease_stays_with_its_worker(make_client, history, 
 
     def slow(*args, **kwargs):
         calls.append(time.monotonic())
-        time.sleep(2.5)  # five leases
+        time.sleep(4.5)  # three leases
         return forecast_partition(*args, **kwargs)
 
     monkeypatch.setattr(job_processing, "_forecast_partition", slow)
-    client = make_client(batch_workers=2, job_lease_s=0.5)
+    client = make_client(batch_workers=2, job_lease_s=1.5)
     files = {"file": ("h.csv", history.to_csv(index=False).encode(), "text/csv")}
     job = client.post("/v1/batch-jobs", files=files).json()
     assert wait_for_job(client, job["id"], timeout=30)["status"] == "succeeded"

@@ -13,6 +13,7 @@ import pytest
 
 from service.job_store import JobStore
 from service.routers import batch_jobs
+from tests.servers import wait_until
 from tests.service.conftest import glitch_count
 
 HORIZON = 12
@@ -30,11 +31,12 @@ def wait_for_job(client, job_id: str, timeout: float = 60.0) -> dict:
 
 def wait_for_metric(client, sample: str, timeout: float = 30.0) -> str:
     """The /metrics text once it holds `sample`: a job's counters follow its status."""
-    deadline = time.monotonic() + timeout
-    while sample not in (metrics := client.get("/metrics").text):
-        assert time.monotonic() < deadline, metrics
-        time.sleep(0.05)
-    return metrics
+
+    def holding() -> str | None:
+        metrics = client.get("/metrics").text
+        return metrics if sample in metrics else None
+
+    return wait_until(holding, timeout, f"{sample} in /metrics")
 
 
 def read_result(response) -> pd.DataFrame:

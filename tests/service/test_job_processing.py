@@ -19,10 +19,18 @@ from service.job_store import JobStore
 from service.model_manager import ServedModel
 
 CHUNK = 3
+OWNER = "worker-1"
+
+
+def _copies(training_frame: pd.DataFrame, n: int) -> pd.DataFrame:
+    """The last 60 points of each training series, `n` times under new ids (suffix `-k`)."""
+    tails = training_frame.groupby("unique_id").tail(60)
+    copies = [tails.assign(unique_id=tails["unique_id"] + f"-{k}") for k in range(n)]
+    return pd.concat(copies, ignore_index=True)
 
 
 def _claimed_job(tmp_path, source):
-    """A job on `source` (its format from the suffix), stored and claimed by worker-1."""
+    """A job on `source` (its format from the suffix), stored and claimed by OWNER."""
     store = JobStore(tmp_path / "jobs.db")
     store.create(
         id="job-1",
@@ -31,9 +39,25 @@ def _claimed_job(tmp_path, source):
         input_bytes=source.stat().st_size,
         output_format="parquet",
     )
-    job = store.claim("worker-1", lease_s=3600)
+    job = store.claim(OWNER, lease_s=3600)
     assert job is not None
     return store, job
+
+
+def _context(tmp_path, store, job, forecaster, identity, **fields) -> JobContext:
+    """OWNER's context for `job`: CHUNK series a chunk, partitions of 4096 bytes (streamed
+    when the rows are grouped, a part per chunk), progress reported to `store`; `fields`
+    override any of these."""
+    defaults = {
+        "job": job,
+        "files": JobFiles(tmp_path / "jobs", job.id),
+        "served": ServedModel(forecaster, identity, datetime.now(UTC)),
+        "chunk_series": CHUNK,
+        "partition_bytes": 4096,
+        "report": lambda **values: store.update(job.id, OWNER, **values),
+        "stopping": threading.Event(),
+    }
+    return JobContext(**{**defaults, **fields})
 
 
 @pytest.mark.parametrize(
@@ -47,12 +71,7 @@ def _claimed_job(tmp_path, source):
 def test_progress_advances_after_every_chunk_bad_ones_included(
     tmp_path, fitted, identity, training_frame, layout, partition_bytes
 ):
-    frames = []
-    for k in range(4):  # 16 series: 4 base series under new ids
-        part = training_frame.groupby("unique_id").tail(60).copy()
-        part["unique_id"] = part["unique_id"] + f"-{k}"
-        frames.append(part)
-    frame = pd.concat(frames, ignore_index=True)
+    frame = _copies(training_frame, 4)  # 16 series
     # Three series that cannot be forecast (no observed value), the second chunk of the
     # grouped file: left out and counted as failed.
     bad = frame["unique_id"].isin(["series_003-0", "series_000-1", "series_001-1"])
@@ -62,23 +81,16 @@ def test_progress_advances_after_every_chunk_bad_ones_included(
     source = tmp_path / "input.csv"
     frame.to_csv(source, index=False)
     store, job = _claimed_job(tmp_path, source)
-    owner = "worker-1"
     seen: list[tuple[int, int, int]] = []  # (rows, series done, series failed) after each report
 
     def report(**values: object) -> bool:
-        ours = store.update(job.id, owner, **values)
+        ours = store.update(job.id, OWNER, **values)
         now = store.get(job.id)
         seen.append((now.rows_done, now.series_done, now.series_failed))
         return ours
 
-    ctx = JobContext(
-        job=job,
-        files=JobFiles(tmp_path / "jobs", job.id),
-        served=ServedModel(fitted, identity, datetime.now(UTC)),
-        chunk_series=CHUNK,
-        partition_bytes=partition_bytes,
-        report=report,
-        stopping=threading.Event(),
+    ctx = _context(
+        tmp_path, store, job, fitted, identity, partition_bytes=partition_bytes, report=report
     )
     process_job(ctx)
 
@@ -101,28 +113,17 @@ def test_progress_advances_after_every_chunk_bad_ones_included(
 def test_many_bad_series_in_one_chunk_are_each_listed_and_the_rest_forecast(
     tmp_path, fitted, identity, training_frame
 ):
-    frames = []
-    for k in range(10):  # 40 series in one chunk, every third one bad
-        part = training_frame.groupby("unique_id").tail(60).copy()
-        part["unique_id"] = part["unique_id"] + f"-{k}"
-        frames.append(part)
-    frame = pd.concat(frames, ignore_index=True)
+    frame = _copies(training_frame, 10)  # 40 series in one chunk, every third one bad
     ids = list(pd.unique(frame["unique_id"]))
     bad = ids[::3]
     frame.loc[frame["unique_id"].isin(bad), "y"] = np.nan
     source = tmp_path / "input.parquet"
     frame.to_parquet(source, index=False)
     store, job = _claimed_job(tmp_path, source)
-    files = JobFiles(tmp_path / "jobs", job.id)
-    ctx = JobContext(
-        job=job,
-        files=files,
-        served=ServedModel(fitted, identity, datetime.now(UTC)),
-        chunk_series=len(ids),
-        partition_bytes=1 << 30,
-        report=lambda **values: store.update(job.id, "worker-1", **values),
-        stopping=threading.Event(),
+    ctx = _context(
+        tmp_path, store, job, fitted, identity, chunk_series=len(ids), partition_bytes=1 << 30
     )
+    files = ctx.files
     process_job(ctx)
 
     errors = pd.read_csv(files.errors_csv)
@@ -148,29 +149,19 @@ def test_rows_without_an_id_are_listed_by_a_job_resumed_past_reading(
     source = tmp_path / "input.csv"
     frame.to_csv(source, index=False)
     store, job = _claimed_job(tmp_path, source)
-    files = JobFiles(tmp_path / "jobs", job.id)
+    ctx = _context(tmp_path, store, job, fitted, identity)
+    files = ctx.files
     chunks_reported = []
 
     def stop_after_the_first_chunk(**values: object) -> bool:
         if "rows_done" in values:
             chunks_reported.append(values)
-        return store.update(job.id, "worker-1", **values) and len(chunks_reported) < 2
-
-    def context(report) -> JobContext:
-        return JobContext(
-            job=job,
-            files=files,
-            served=ServedModel(fitted, identity, datetime.now(UTC)),
-            chunk_series=CHUNK,
-            partition_bytes=4096,
-            report=report,
-            stopping=threading.Event(),
-        )
+        return ctx.report(**values) and len(chunks_reported) < 2
 
     with pytest.raises(JobStopped):
-        process_job(context(stop_after_the_first_chunk))
+        process_job(dataclasses.replace(ctx, report=stop_after_the_first_chunk))
     assert (files.partitions / "_DONE").exists()
-    process_job(context(lambda **values: store.update(job.id, "worker-1", **values)))
+    process_job(ctx)
 
     errors = pd.read_csv(files.errors_csv)
     assert errors["field"].tolist() == ["unique_id"]
@@ -219,38 +210,19 @@ def test_rows_by_time_are_partitioned_without_forecasting_first_rows_as_series(
     from service import job_files
 
     monkeypatch.setattr(job_files, "PARQUET_BATCH_ROWS", 100)  # blocks of distinct ids
-    frames = []
-    for k in range(50):  # 200 series, each first seen at the first timestamp
-        part = training_frame.groupby("unique_id").tail(60).copy()
-        part["unique_id"] = part["unique_id"] + f"-{k}"
-        frames.append(part)
-    frame = pd.concat(frames, ignore_index=True).sort_values("ds", kind="stable")
+    # 200 series, each first seen at the first timestamp
+    frame = _copies(training_frame, 50).sort_values("ds", kind="stable")
     source = tmp_path / "input.parquet"
     frame.to_parquet(source, index=False)
     store, job = _claimed_job(tmp_path, source)
     logged: list[str] = []
-    ctx = JobContext(
-        job=job,
-        files=JobFiles(tmp_path / "jobs", job.id),
-        served=ServedModel(fitted, identity, datetime.now(UTC)),
-        chunk_series=CHUNK,
-        partition_bytes=4096,
-        report=lambda **values: store.update(job.id, "worker-1", **values),
-        stopping=threading.Event(),
-        on_forecast=lambda arrays, _: logged.extend(map(str, arrays.series_ids)),
-    )
-    process_job(ctx)
+
+    def log(arrays, _identity) -> None:
+        logged.extend(map(str, arrays.series_ids))
+
+    process_job(_context(tmp_path, store, job, fitted, identity, on_forecast=log))
     assert sorted(logged) == sorted(frame["unique_id"].unique())
     assert store.get(job.id).series_done == frame["unique_id"].nunique()
-
-
-def _sixteen_series(training_frame: pd.DataFrame) -> pd.DataFrame:
-    frames = []
-    for k in range(4):  # 4 base series under new ids
-        part = training_frame.groupby("unique_id").tail(60).copy()
-        part["unique_id"] = part["unique_id"] + f"-{k}"
-        frames.append(part)
-    return pd.concat(frames, ignore_index=True)
 
 
 @pytest.mark.parametrize(("resumed_under", "forecast_again"), [("3", 16 - CHUNK), ("4", 16)])
@@ -260,35 +232,34 @@ def test_a_job_resumed_under_another_model_version_starts_over(
     """A result is one model's: the parts an earlier version wrote are kept for a resume by
     the same version and forecast again by another (a champion promoted meanwhile)."""
     source = tmp_path / "input.csv"
-    _sixteen_series(training_frame).to_csv(source, index=False)
+    _copies(training_frame, 4).to_csv(source, index=False)
     store, job = _claimed_job(tmp_path, source)
-    files = JobFiles(tmp_path / "jobs", job.id)
     stopping = threading.Event()
     forecast: list[str] = []
-
-    def context(version: str) -> JobContext:
-        ident = dataclasses.replace(identity, version=version)
-        return JobContext(
-            job=store.get(job.id),
-            files=files,
-            served=ServedModel(fitted, ident, datetime.now(UTC)),
-            chunk_series=CHUNK,
-            partition_bytes=4096,  # streamed: a part per chunk
-            report=lambda **values: store.update(job.id, "worker-1", **values),
-            stopping=stopping,
-            on_forecast=lambda arrays, _: (forecast.extend(arrays.series_ids), stopping.set()),
-        )
-
+    ctx = _context(
+        tmp_path,
+        store,
+        job,
+        fitted,
+        identity,
+        stopping=stopping,
+        on_forecast=lambda arrays, _: (forecast.extend(arrays.series_ids), stopping.set()),
+    )
     with pytest.raises(JobStopped):  # stopped after its first part, under version 3
-        process_job(context("3"))
+        process_job(ctx)
     assert identity.version == "3" and len(forecast) == CHUNK
     forecast.clear()
-    stopping = threading.Event()
-    ctx = context(resumed_under)
-    ctx = dataclasses.replace(ctx, on_forecast=lambda arrays, _: forecast.extend(arrays.series_ids))
-    process_job(ctx)
+    resumed = _context(
+        tmp_path,
+        store,
+        store.get(job.id),  # as the next worker claims it: with the version it ran under
+        fitted,
+        dataclasses.replace(identity, version=resumed_under),
+        on_forecast=lambda arrays, _: forecast.extend(arrays.series_ids),
+    )
+    process_job(resumed)
     assert len(forecast) == forecast_again
-    assert pd.read_parquet(files.result_parquet)["unique_id"].nunique() == 16
+    assert pd.read_parquet(ctx.files.result_parquet)["unique_id"].nunique() == 16
     assert store.get(job.id).model_version == resumed_under
 
 
@@ -299,17 +270,8 @@ def test_a_job_whose_input_file_is_gone_fails_naming_it(tmp_path, fitted, identi
     training_frame.to_csv(source, index=False)
     store, job = _claimed_job(tmp_path, source)
     source.unlink()
-    ctx = JobContext(
-        job=job,
-        files=JobFiles(tmp_path / "jobs", job.id),
-        served=ServedModel(fitted, identity, datetime.now(UTC)),
-        chunk_series=CHUNK,
-        partition_bytes=4096,
-        report=lambda **values: store.update(job.id, "worker-1", **values),
-        stopping=threading.Event(),
-    )
     with pytest.raises(InvalidInputError) as caught:
-        process_job(ctx)
+        process_job(_context(tmp_path, store, job, fitted, identity))
     payload = input_error_payload(caught.value)
     assert payload["error"] != "internal_error"
     assert f"the input file {str(source)!r} no longer exists" in payload["detail"]
@@ -326,17 +288,8 @@ def test_a_job_taken_by_a_model_that_needs_covariates_fails_naming_them(
     source = tmp_path / "input.csv"
     training_frame.to_csv(source, index=False)
     store, job = _claimed_job(tmp_path, source)
-    ctx = JobContext(
-        job=job,
-        files=JobFiles(tmp_path / "jobs", job.id),
-        served=ServedModel(needs_promo, identity, datetime.now(UTC)),
-        chunk_series=CHUNK,
-        partition_bytes=4096,
-        report=lambda **values: store.update(job.id, "worker-1", **values),
-        stopping=threading.Event(),
-    )
     with pytest.raises(InvalidInputError) as caught:
-        process_job(ctx)
+        process_job(_context(tmp_path, store, job, needs_promo, identity))
     assert caught.value.field == "promo"
     assert "POST /v1/forecast" in input_error_payload(caught.value)["detail"]
 
@@ -348,23 +301,14 @@ def test_a_row_without_an_id_far_into_the_file_is_named_by_its_row(
     from service import job_files
 
     monkeypatch.setattr(job_files, "PARQUET_BATCH_ROWS", 100)
-    frame = _sixteen_series(training_frame).astype({"unique_id": object})
+    frame = _copies(training_frame, 4).astype({"unique_id": object})
     frame.loc[[250, 731], "unique_id"] = None  # in the third and the eighth block
     source = tmp_path / "input.parquet"
     frame.to_parquet(source, index=False)
     store, job = _claimed_job(tmp_path, source)
-    files = JobFiles(tmp_path / "jobs", job.id)
-    ctx = JobContext(
-        job=job,
-        files=files,
-        served=ServedModel(fitted, identity, datetime.now(UTC)),
-        chunk_series=CHUNK,
-        partition_bytes=4096,
-        report=lambda **values: store.update(job.id, "worker-1", **values),
-        stopping=threading.Event(),
-    )
+    ctx = _context(tmp_path, store, job, fitted, identity)
     process_job(ctx)
-    (detail,) = pd.read_csv(files.errors_csv)["detail"]
+    (detail,) = pd.read_csv(ctx.files.errors_csv)["detail"]
     assert "unique_id is missing at row 250 (2 such row(s)" in detail
 
 
@@ -373,27 +317,23 @@ def test_a_part_whose_record_was_never_written_is_forecast_again(
 ):
     """A worker killed between writing a part and its record leaves a part no resume can
     count: the resuming worker forecasts that part again instead of failing the job."""
-    frame = _sixteen_series(training_frame)
     source = tmp_path / "input.csv"
-    frame.to_csv(source, index=False)
+    _copies(training_frame, 4).to_csv(source, index=False)
     store, job = _claimed_job(tmp_path, source)
-    files = JobFiles(tmp_path / "jobs", job.id)
     stopping = threading.Event()
-    ctx = JobContext(
-        job=job,
-        files=files,
-        served=ServedModel(fitted, identity, datetime.now(UTC)),
-        chunk_series=CHUNK,
-        partition_bytes=4096,  # streamed: a part per chunk
-        report=lambda **values: store.update(job.id, "worker-1", **values),
+    ctx = _context(
+        tmp_path,
+        store,
+        job,
+        fitted,
+        identity,
         stopping=stopping,
         on_forecast=lambda arrays, _: stopping.set(),
     )
-    with pytest.raises(JobStopped):
+    with pytest.raises(JobStopped):  # stopped after its first part
         process_job(ctx)
-    (files.parts / "00000.json").unlink()  # as if killed before the record
+    (ctx.files.parts / "00000.json").unlink()  # as if killed before the record
     stopping.clear()
     process_job(dataclasses.replace(ctx, on_forecast=None))
-    got = pd.read_parquet(files.result_parquet)
-    assert got["unique_id"].nunique() == 16
+    assert pd.read_parquet(ctx.files.result_parquet)["unique_id"].nunique() == 16
     assert store.get(job.id).series_done == 16

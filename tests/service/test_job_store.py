@@ -4,6 +4,7 @@ job whose worker is gone is taken again, and what only a job's own worker may ch
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -60,6 +61,26 @@ def test_a_store_on_a_fresh_volume_creates_its_directory(tmp_path):
         job = _create(store, "job", created_at=1.0, input_owned=False)  # a file under input_dir
         assert store.get("job") == job and not job.input_owned
     finally:
+        store.close()
+
+
+def test_a_reader_holds_up_no_worker_and_sees_what_was_committed(tmp_path):
+    """The API lists jobs while workers write their progress: a read in progress must not
+    make a worker's commit wait (the write-ahead log), nor see a half-made change."""
+    store = JobStore(tmp_path / "jobs.db")
+    reader = sqlite3.connect(tmp_path / "jobs.db", timeout=0, isolation_level=None)
+    try:
+        _create(store, "job", created_at=1.0)
+        reader.execute("BEGIN")
+        assert reader.execute("SELECT status FROM jobs").fetchall() == [("queued",)]
+        started = time.monotonic()
+        assert store.cancel("job").status == "cancelled"
+        assert time.monotonic() - started < 5  # a rollback journal waits out the reader
+        assert reader.execute("SELECT status FROM jobs").fetchall() == [("queued",)]
+        reader.execute("COMMIT")
+        assert reader.execute("SELECT status FROM jobs").fetchall() == [("cancelled",)]
+    finally:
+        reader.close()
         store.close()
 
 

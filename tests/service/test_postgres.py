@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -16,6 +17,7 @@ import pandas as pd
 import pytest
 from pydantic import ValidationError
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import DBAPIError
 
 from pipelines.cli import main as pipelines_cli
 from service.job_runner import ORPHAN_AGE_S
@@ -75,6 +77,23 @@ def test_jobs_db_setting_fails_fast_without_showing_the_password(tmp_path, value
     assert error["loc"] == ("jobs_db",)
     # what `forecaster serve` prints
     assert "jobs_db: expected a SQLite file path" in error["msg"]
+    assert "secret" not in error["msg"]
+
+
+def test_a_postgres_store_without_its_driver_says_how_to_install_it(tmp_path, monkeypatch):
+    """psycopg is an extra: without it the setting fails at start, not at the first job."""
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "psycopg" else find_spec(name, *a),
+    )
+    with pytest.raises(ValidationError) as caught:
+        ServiceSettings(data_dir=tmp_path, jobs_db="postgresql://app:secret@db/jobs")
+    (error,) = caught.value.errors()
+    assert error["loc"] == ("jobs_db",)
+    assert "needs the psycopg driver" in error["msg"]
+    assert "pip install 'forecaster[postgres]'" in error["msg"]
     assert "secret" not in error["msg"]
 
 
@@ -146,6 +165,54 @@ def test_postgres_job_store_is_shared_and_leased(pg_uri):
     finally:
         replica_a.close()
         replica_b.close()
+
+
+def test_replicas_starting_together_all_open_a_new_store(pg_uri):
+    """Replicas of a new deployment start at once, and each creates the jobs table if it is
+    not there: without a lock around that, PostgreSQL fails all but one of them."""
+    admin = create_engine(pg_uri, isolation_level="AUTOCOMMIT")
+    failures: list[Exception] = []
+    for start in range(2):  # the race is lost often, not always: two fresh stores
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"CREATE DATABASE fresh_{start}")
+        uri = pg_uri.replace("@/postgres?", f"@/fresh_{start}?")
+        barrier = threading.Barrier(8)
+
+        def open_store(uri: str = uri, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            try:
+                JobStore(uri).close()
+            except DBAPIError as exc:  # the lost race: a duplicate key in the catalogue
+                failures.append(exc)
+
+        replicas = [threading.Thread(target=open_store) for _ in range(8)]
+        for replica in replicas:
+            replica.start()
+        for replica in replicas:
+            replica.join(60)
+    admin.dispose()
+    assert failures == []
+
+
+def test_a_store_carries_on_after_the_database_drops_its_connections(pg_uri):
+    """A database restart or failover, or an idle timeout, cuts the pooled connections: the
+    store's next call must not fail on a dead one."""
+    store = JobStore(pg_uri)
+    admin = create_engine(pg_uri, isolation_level="AUTOCOMMIT")
+    try:
+        add_job(store, "job")
+        with admin.connect() as conn:
+            cut = conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            ).all()
+        assert cut  # the store's pooled connection was among them
+        assert store.get("job").status == "queued"
+    finally:
+        admin.dispose()
+        store.close()
 
 
 @pytest.mark.slow

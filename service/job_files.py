@@ -101,11 +101,20 @@ def sniff_format(path: Path, declared: str | None) -> str:
     return "parquet" if looks_parquet else "csv"
 
 
-def inspect_input(path: Path, fmt: str) -> list[str]:
+def no_rows_error() -> InvalidInputError:
+    """An input with a header and no rows: refused at submission, and failing the job when
+    a file under the input directory was cut to its header after it was accepted."""
+    return InvalidInputError(
+        f"file: the file has a header but no rows; expected rows with {list(REQUIRED_COLUMNS)}",
+        field="file",
+    )
+
+
+def inspect_input(path: Path, fmt: str) -> None:
     """Cheap checks before a job is accepted: the file parses and has the needed columns.
 
     Reads the Parquet footer, or the first block of a CSV; the full file is validated by the
-    core rules chunk by chunk while the job runs. Returns the column names.
+    core rules chunk by chunk while the job runs.
     """
     if path.stat().st_size == 0:
         raise InvalidInputError(
@@ -139,11 +148,7 @@ def inspect_input(path: Path, fmt: str) -> list[str]:
             field=missing[0],
         )
     if n_rows == 0:
-        raise InvalidInputError(
-            f"file: the file has a header but no rows; expected rows with {required}",
-            field="file",
-        )
-    return columns
+        raise no_rows_error()
 
 
 _MISSING_TOKENS = pa.array(sorted(MISSING_TOKENS), pa.string())
@@ -175,7 +180,7 @@ def _normalise(batch: pa.RecordBatch, numeric: list[str]) -> pa.RecordBatch:
 
 
 def iter_input(
-    path: Path, fmt: str, columns: list[str], values_as_numbers: bool = True
+    path: Path, fmt: str, columns: list[str], values_as_numbers: bool
 ) -> Iterator[pa.RecordBatch]:
     """Stream the input's needed columns as record batches of bounded size.
 
@@ -216,7 +221,7 @@ def unify(batches: list[pa.RecordBatch]) -> pa.Table:
     """One table from batches whose numeric columns may differ in type (CSV type inference
     per block): columns that are text in any batch become text everywhere."""
     if not batches:
-        raise InvalidInputError("file: the file has no rows", field="file")
+        raise no_rows_error()
     schemas = {b.schema for b in batches}
     if len(schemas) == 1:
         return pa.Table.from_batches(batches)

@@ -46,6 +46,7 @@ from service.job_files import (
     count_rows,
     glitches_part,
     iter_input,
+    no_rows_error,
     temp_beside,
     unify,
     write_errors,
@@ -184,6 +185,8 @@ def process_job(ctx: JobContext) -> None:
                 field=first.get("field"),
                 series_id=first.get("series_id"),
             )
+    if n_done == 0:  # streamed: no chunk, since no row
+        raise no_rows_error()
     callers = CallersTypes.of(input_path, job.input_format, forecaster.wall_clock)
     if any(glitches_part(files, p).exists() for p in range(n_done)):
         write_glitches(files, n_done, callers)

@@ -345,11 +345,15 @@ def test_batch_job_missing_columns(client, history):
     assert "value" in response.json()["detail"]  # it lists what the file has
 
 
-@pytest.mark.parametrize("content", [b"", b"unique_id,ds,y\n"])
-def test_batch_job_empty_file(client, content):
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(b"", "the file is empty"), (b"unique_id,ds,y\n", "the file has a header but no rows")],
+)
+def test_batch_job_empty_file(client, content, message):
     response = client.post("/v1/batch-jobs", content=content, headers={"content-type": "text/csv"})
     assert response.status_code == 422
     assert response.json()["field"] == "file"
+    assert message in response.json()["detail"]
 
 
 def test_batch_job_wrong_content_type(client, history):

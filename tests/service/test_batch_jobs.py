@@ -200,6 +200,7 @@ def test_bad_series_are_left_out_and_listed_the_others_forecast(client, history,
     result = client.get(done["result_url"])
     assert_same_forecast(read_result(result), expected(fitted, good))
     errors = pd.read_csv(io.BytesIO(client.get(done["errors_url"]).content))
+    assert list(errors.columns) == ["unique_id", "field", "error", "detail"]  # documented
     errors = errors.sort_values("unique_id").reset_index(drop=True)
     assert errors["unique_id"].tolist() == ["sentinel", "series_001", "series_003"]
     assert errors["field"].tolist() == ["ds", "y", "y"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from datetime import UTC, datetime
 
@@ -29,7 +30,7 @@ def _copies(training_frame: pd.DataFrame, n: int) -> pd.DataFrame:
     return pd.concat(copies, ignore_index=True)
 
 
-def _claimed_job(tmp_path, source):
+def _claimed_job(tmp_path, source, output_format="parquet"):
     """A job on `source` (its format from the suffix), stored and claimed by OWNER."""
     store = JobStore(tmp_path / "jobs.db")
     store.create(
@@ -37,7 +38,7 @@ def _claimed_job(tmp_path, source):
         input_path=str(source),
         input_format=source.suffix.lstrip("."),
         input_bytes=source.stat().st_size,
-        output_format="parquet",
+        output_format=output_format,
     )
     job = store.claim(OWNER, lease_s=3600)
     assert job is not None
@@ -108,6 +109,69 @@ def test_progress_advances_after_every_chunk_bad_ones_included(
     assert not ctx.files.parts.exists() and not ctx.files.partitions.exists()
     if layout == "grouped":  # failures count when their chunk is done, not at the end
         assert next(s for s in seen if s[2])[1:] == (3, 3), seen
+
+
+@pytest.mark.parametrize("partition_bytes", [1 << 30, 4096])  # one part; streamed in chunks
+@pytest.mark.parametrize("suffix", ["csv", "parquet"])
+def test_a_job_knows_its_input_s_rows_before_its_first_chunk(
+    tmp_path, fitted, identity, training_frame, suffix, partition_bytes
+):
+    """Progress is a share of the input's rows from the first report on, not 0 % until the
+    end: the rows are counted (a CSV's lines, a Parquet file's footer) before forecasting."""
+    frame = _copies(training_frame, 3)
+    source = tmp_path / f"input.{suffix}"
+    if suffix == "csv":
+        frame.to_csv(source, index=False)
+    else:
+        frame.to_parquet(source, index=False)
+    store, job = _claimed_job(tmp_path, source)
+    reports: list[dict[str, object]] = []
+
+    def report(**values: object) -> bool:
+        reports.append(values)
+        return store.update(job.id, OWNER, **values)
+
+    process_job(
+        _context(
+            tmp_path, store, job, fitted, identity, partition_bytes=partition_bytes, report=report
+        )
+    )
+    counted = next(i for i, values in enumerate(reports) if "rows_total" in values)
+    first_chunk = next(i for i, values in enumerate(reports) if "rows_done" in values)
+    assert counted < first_chunk and reports[counted]["rows_total"] == len(frame)
+    assert store.get(job.id).rows_total == len(frame)
+
+
+@pytest.mark.parametrize(
+    ("output_format", "partition_bytes"), [("parquet", 1 << 30), ("csv", 4096)]
+)
+def test_a_finished_job_s_result_is_on_disk_in_the_format_it_asked_for(
+    tmp_path, fitted, identity, training_frame, monkeypatch, output_format, partition_bytes
+):
+    """The result, one part renamed or many joined, reaches the disk with its directory
+    entry before the job is done (a power cut after "succeeded" must not lose it), and a
+    job that asked for CSV has its CSV ready for the first download."""
+    source = tmp_path / "input.csv"
+    _copies(training_frame, 2).to_csv(source, index=False)
+    store, job = _claimed_job(tmp_path, source, output_format=output_format)
+    synced: set[tuple[int, int]] = set()  # (device, inode) of each file or directory fsynced
+    fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        status = os.fstat(fd)
+        synced.add((status.st_dev, status.st_ino))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    ctx = _context(tmp_path, store, job, fitted, identity, partition_bytes=partition_bytes)
+    process_job(ctx)
+
+    def identity_of(path):
+        return path.stat().st_dev, path.stat().st_ino
+
+    assert identity_of(ctx.files.result_parquet) in synced
+    assert identity_of(ctx.files.dir) in synced
+    assert ctx.files.result_csv.exists() == (output_format == "csv")
 
 
 def test_many_bad_series_in_one_chunk_are_each_listed_and_the_rest_forecast(
@@ -275,6 +339,24 @@ def test_a_job_whose_input_file_is_gone_fails_naming_it(tmp_path, fitted, identi
     payload = input_error_payload(caught.value)
     assert payload["error"] != "internal_error"
     assert f"the input file {str(source)!r} no longer exists" in payload["detail"]
+
+
+@pytest.mark.parametrize("partition_bytes", [1 << 30, 4096])  # read whole; streamed
+def test_a_job_whose_input_was_emptied_fails_naming_the_file(
+    tmp_path, fitted, identity, training_frame, partition_bytes
+):
+    """A file under the input directory cut to its header after the job was accepted (a
+    producer rewriting it in place) fails the job with that reason, not an internal error."""
+    source = tmp_path / "input.csv"
+    training_frame.to_csv(source, index=False)
+    store, job = _claimed_job(tmp_path, source)
+    source.write_text("unique_id,ds,y\n")
+    with pytest.raises(InvalidInputError) as caught:
+        process_job(
+            _context(tmp_path, store, job, fitted, identity, partition_bytes=partition_bytes)
+        )
+    assert caught.value.field == "file"
+    assert "the file has a header but no rows" in input_error_payload(caught.value)["detail"]
 
 
 def test_a_job_taken_by_a_model_that_needs_covariates_fails_naming_them(

@@ -61,7 +61,6 @@ def evaluate(
     frame: pd.DataFrame,
     *,
     n_windows: int,
-    horizon: int | None = None,
     client: MlflowClient | None = None,
     run_id: str | None = None,
     plot_series: int = 4,
@@ -70,7 +69,7 @@ def evaluate(
 
     With ``client`` and ``run_id`` the metrics, the table and the plots are logged to that run.
     """
-    horizon = horizon or forecaster.max_horizon
+    horizon = forecaster.max_horizon
     started = time.perf_counter()
     model_bt = forecaster.backtest(frame, n_windows=n_windows, horizon=horizon)
     naive = SeasonalNaive(horizon=horizon, quantiles=forecaster.quantiles)

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from forecaster import Forecaster
+from forecaster.config import HISTORY_BANDS
 from pipelines.cli import main
 from pipelines.errors import InvalidModelUriError, ModelNotFoundError, TrackingUnavailableError
 from pipelines.registry import download_forecaster, load_forecaster, resolve_model
@@ -65,10 +66,22 @@ def test_the_run_holds_params_learning_curves_metrics_and_artifacts(champion_sto
         earned = run.data.metrics[f"attention_earned_{kind}"]
         assert earned == pytest.approx(result.evaluation.attention_earned[kind])
     assert run.data.metrics["training_glitches"] == 0
+    metrics, tags = run.data.metrics, run.data.tags
+    assert 0 < metrics["train_seconds"] <= (run.info.end_time - run.info.start_time) / 1000
+    assert metrics["best_val_loss"] > 0
+    # The interval factor of long histories, and one per band of shorter ones.
+    assert metrics["interval_scale"] > 0
+    assert all(metrics[f"interval_scale.history_{band}"] > 0 for band in HISTORY_BANDS[:-1])
+    assert tags["device"] == "cpu"
+    assert set(tags["padding_imputed"].split(",")) <= {*HISTORY_BANDS, "none"}
     assert run.data.tags["training_ended"] in ("plateau", "max_epochs")
     artifacts = {a.path for a in client.list_artifacts(result.run_id)}
     assert {"evaluation", "plots"} <= artifacts
     assert "data" not in artifacts  # no glitch to list
+    evaluation = {a.path for a in client.list_artifacts(result.run_id, "evaluation")}
+    assert evaluation == {"evaluation/metrics.csv", "evaluation/metrics.json"}
+    table = client.download_artifacts(result.run_id, "evaluation/metrics.csv", str(root))
+    assert list(pd.read_csv(table).columns) == ["metric", "model", "seasonal_naive", "ratio"]
     plots = {a.path for a in client.list_artifacts(result.run_id, "plots")}
     assert plots == {"plots/forecast.png", "plots/attention.png"}
     local = client.download_artifacts(result.run_id, "plots/forecast.png", str(root))

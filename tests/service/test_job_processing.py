@@ -289,17 +289,13 @@ def test_rows_by_time_are_partitioned_without_forecasting_first_rows_as_series(
     assert store.get(job.id).series_done == frame["unique_id"].nunique()
 
 
-@pytest.mark.parametrize(("resumed_under", "forecast_again"), [("3", 16 - CHUNK), ("4", 16)])
-def test_a_job_resumed_under_another_model_version_starts_over(
-    tmp_path, fitted, identity, training_frame, resumed_under, forecast_again
-):
-    """A result is one model's: the parts an earlier version wrote are kept for a resume by
-    the same version and forecast again by another (a champion promoted meanwhile)."""
+def _stopped_after_first_part(tmp_path, fitted, identity, training_frame, forecast: list[str]):
+    """A job on 16 series stopped (as at a graceful shutdown) once its first part is
+    written; the ids it forecast go to `forecast`. Returns the store, the job and its context."""
     source = tmp_path / "input.csv"
     _copies(training_frame, 4).to_csv(source, index=False)
     store, job = _claimed_job(tmp_path, source)
     stopping = threading.Event()
-    forecast: list[str] = []
     ctx = _context(
         tmp_path,
         store,
@@ -309,8 +305,21 @@ def test_a_job_resumed_under_another_model_version_starts_over(
         stopping=stopping,
         on_forecast=lambda arrays, _: (forecast.extend(arrays.series_ids), stopping.set()),
     )
-    with pytest.raises(JobStopped):  # stopped after its first part, under version 3
+    with pytest.raises(JobStopped):
         process_job(ctx)
+    return store, job, ctx
+
+
+@pytest.mark.parametrize(("resumed_under", "forecast_again"), [("3", 16 - CHUNK), ("4", 16)])
+def test_a_job_resumed_under_another_model_version_starts_over(
+    tmp_path, fitted, identity, training_frame, resumed_under, forecast_again
+):
+    """A result is one model's: the parts an earlier version wrote are kept for a resume by
+    the same version and forecast again by another (a champion promoted meanwhile)."""
+    forecast: list[str] = []
+    store, job, ctx = _stopped_after_first_part(
+        tmp_path, fitted, identity, training_frame, forecast
+    )
     assert identity.version == "3" and len(forecast) == CHUNK
     forecast.clear()
     resumed = _context(
@@ -399,23 +408,9 @@ def test_a_part_whose_record_was_never_written_is_forecast_again(
 ):
     """A worker killed between writing a part and its record leaves a part no resume can
     count: the resuming worker forecasts that part again instead of failing the job."""
-    source = tmp_path / "input.csv"
-    _copies(training_frame, 4).to_csv(source, index=False)
-    store, job = _claimed_job(tmp_path, source)
-    stopping = threading.Event()
-    ctx = _context(
-        tmp_path,
-        store,
-        job,
-        fitted,
-        identity,
-        stopping=stopping,
-        on_forecast=lambda arrays, _: stopping.set(),
-    )
-    with pytest.raises(JobStopped):  # stopped after its first part
-        process_job(ctx)
+    store, job, ctx = _stopped_after_first_part(tmp_path, fitted, identity, training_frame, [])
     (ctx.files.parts / "00000.json").unlink()  # as if killed before the record
-    stopping.clear()
+    ctx.stopping.clear()
     process_job(dataclasses.replace(ctx, on_forecast=None))
     assert pd.read_parquet(ctx.files.result_parquet)["unique_id"].nunique() == 16
     assert store.get(job.id).series_done == 16

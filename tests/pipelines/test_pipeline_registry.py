@@ -74,7 +74,8 @@ def test_the_run_holds_params_learning_curves_metrics_and_artifacts(champion_sto
     assert all(metrics[f"interval_scale.history_{band}"] > 0 for band in HISTORY_BANDS[:-1])
     assert tags["device"] == "cpu"
     assert set(tags["padding_imputed"].split(",")) <= {*HISTORY_BANDS, "none"}
-    assert run.data.tags["training_ended"] in ("plateau", "max_epochs")
+    # TINY_TRAIN's two epochs end before a plateau of `patience` 2 could.
+    assert run.data.tags["training_ended"] == "max_epochs"
     artifacts = {a.path for a in client.list_artifacts(result.run_id)}
     assert {"evaluation", "plots"} <= artifacts
     assert "data" not in artifacts  # no glitch to list
@@ -129,6 +130,19 @@ def test_a_retrain_out_of_training_time_says_so_and_still_registers(tmp_path):
     assert run.data.params["train.max_train_seconds"] == "0.001"
     assert len(client.get_metric_history(result.run_id, "train_loss")) == 1
     assert client.get_model_version("forecaster", "1").run_id == result.run_id
+
+
+def test_a_retrain_stopped_by_a_plateau_says_so(tmp_path):
+    # A rate this high makes the first epoch worse than the linear start: a plateau of one
+    # epoch, and no decay left to try.
+    train = {"max_epochs": 5, "patience": 1, "max_lr_decays": 0, "learning_rate": 5.0}
+    result = retrain(
+        make_settings(tmp_path, train={**train, "linear_start_lr_scale": 1.0}), synthetic()
+    )
+    run = client_for(tmp_path).get_run(result.run_id)
+    assert run.data.tags["training_ended"] == "plateau"
+    assert len(client_for(tmp_path).get_metric_history(result.run_id, "train_loss")) == 1
+    assert run.data.metrics["best_epoch"] == 0
 
 
 def test_a_model_with_covariates_is_registered_promoted_refit_and_served(tmp_path):

@@ -93,10 +93,14 @@ def input_example(forecaster: Forecaster, frame: pd.DataFrame, n_series: int = 2
 
 
 def _pip_requirements() -> list[str]:
+    """The model's pins: each package's release as installed, without a local label. A CPU
+    build of torch is `2.13.0+cpu`, which only PyTorch's own index serves; `torch==2.13.0`
+    matches that build and the CUDA one alike (PEP 440), so a GPU host can serve the model."""
     requirements = []
     for name in _REQUIREMENTS:
         try:
-            requirements.append(f"{name}=={metadata.version(name)}")
+            release = metadata.version(name).split("+")[0]
+            requirements.append(f"{name}=={release}")
         except metadata.PackageNotFoundError:
             requirements.append(name)
     return requirements

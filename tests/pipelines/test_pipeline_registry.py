@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from importlib import metadata
 from pathlib import Path
 
 import mlflow
@@ -287,6 +288,13 @@ def test_pyfunc_model_loads_without_pickles_and_forecasts(champion_store):
     finally:
         mlflow.set_tracking_uri(None)
     assert not list(Path(local).rglob("*.pkl"))
+    # What `mlflow models serve` or an image build installs: torch's release as it trained,
+    # without the local label of a CPU or CUDA build (`+cpu`, which PyPI does not serve), and
+    # no `forecaster` package (its code ships inside the model; no package index has it).
+    requirements = (Path(local) / "requirements.txt").read_text().split()
+    assert f"torch=={metadata.version('torch').split('+')[0]}" in requirements
+    assert not [r for r in requirements if "+" in r]
+    assert not [r for r in requirements if r.startswith("forecaster")]
     signature = model.metadata.signature
     assert {p.name for p in signature.params.params} == {"horizon", "quantiles"}
     assert [c.name for c in signature.inputs.inputs] == ["unique_id", "ds", "y"]

@@ -34,8 +34,20 @@ from pipelines.registry import ARTIFACT_NAME, CHALLENGER, ModelRef
 logger = logging.getLogger(__name__)
 
 PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")
-# Packages the model's code imports; `forecaster` itself travels with the model (code_paths).
-_REQUIREMENTS = ("mlflow", "torch", "numpy", "pandas", "safetensors")
+# The distributions the model's code (the `forecaster` package and PYFUNC_CODE) imports, which
+# an environment built from the model (`mlflow models serve`, `build-docker`) installs;
+# `forecaster` itself travels with the model (code_paths). tests/pipelines/test_register_step.py
+# keeps this in step with the imports.
+_REQUIREMENTS = (
+    "mlflow",
+    "torch",
+    "numpy",
+    "pandas",
+    "pyarrow",
+    "safetensors",
+    "tqdm",
+    "matplotlib",
+)
 
 
 def _git(root: Path, *args: str) -> str:

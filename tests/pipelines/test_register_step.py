@@ -3,16 +3,21 @@ page shows as its example, and what it says about the code that trained it."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+import forecaster as forecaster_package
 from forecaster import Forecaster, ModelConfig
 from forecaster.errors import MissingValuesError
 from pipelines import register as register_module
-from pipelines.register import code_version, input_example
+from pipelines.register import PYFUNC_CODE, code_version, input_example
 
 CONTEXT, HORIZON = 8, 3
 
@@ -120,3 +125,24 @@ def test_outside_a_repository_the_code_version_is_the_installed_package(tmp_path
     monkeypatch.setattr(register_module, "__file__", str(tmp_path / "pipelines" / "register.py"))
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
     assert code_version().startswith("forecaster==")
+
+
+def test_the_model_pins_every_distribution_its_code_imports():
+    """An environment built from a registered model (`mlflow models serve`, `build-docker`)
+    installs its requirements and nothing else: a package the model's code imports and the
+    list leaves out fails the model's load there (tqdm was left out), whatever this
+    environment has."""
+    code = [*Path(forecaster_package.__file__).parent.glob("*.py"), PYFUNC_CODE]
+    imported = set()
+    for path in code:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"forecaster", "pipelines"}
+    pinned = {line.split("==")[0] for line in register_module._pip_requirements()}
+    # A module may come from several distributions (mlflow from mlflow and mlflow-skinny).
+    provided_by = metadata.packages_distributions()
+    unpinned = sorted(name for name in third_party if not pinned & set(provided_by[name]))
+    assert not unpinned, f"imported by the model's code but not in its requirements: {unpinned}"

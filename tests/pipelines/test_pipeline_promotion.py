@@ -91,12 +91,14 @@ def test_promotion_rules_and_rollback(store, data_csv, capsys):
 
     # Rollback goes back to the version it replaced, by promotion (2 over 3) or by name (3
     # over 1, above), and no further than the first champion.
+    before = pd.Timestamp.now(tz="UTC").floor("s")
     assert main(rollback) == 0
     assert "v2 -> v3" in capsys.readouterr().out
     assert _aliases(store)["champion"] == "3"
-    assert (
-        client_for(store).get_model_version("forecaster", "2").tags["rollback.replaced_by"] == "3"
-    )
+    # The version rolled back from says when, and by which version.
+    tags = client_for(store).get_model_version("forecaster", "2").tags
+    assert tags["rollback.replaced_by"] == "3"
+    assert before <= pd.Timestamp(tags["rollback.rolled_back_at"]) <= pd.Timestamp.now(tz="UTC")
     assert main(rollback) == 0
     assert "v3 -> v1" in capsys.readouterr().out
     assert main(rollback) == 3

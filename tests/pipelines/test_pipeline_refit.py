@@ -12,12 +12,19 @@ from forecaster.config import HISTORY_BANDS
 from pipelines.cli import main
 from pipelines.registry import load_version, resolve_model
 from pipelines.retrain import retrain
-from tests.pipelines.pipeline_helpers import client_for, config_file, make_settings, synthetic
+from tests.pipelines.pipeline_helpers import (
+    PROMOTABLE_TRAIN,
+    client_for,
+    config_file,
+    make_settings,
+    synthetic,
+)
 
 
 def test_the_promoted_configuration_is_refit_on_all_data_and_serves(tmp_path):
     frame = synthetic()
-    settings = make_settings(tmp_path, refit=True)
+    # Trained enough that the evaluated run keeps a trained epoch, which the refit replays.
+    settings = make_settings(tmp_path, refit=True, train=PROMOTABLE_TRAIN)
     result = retrain(settings, frame)
     assert result.decision.promoted
     evaluated, refitted = result.version.version, result.refit_version.version
@@ -54,11 +61,10 @@ def test_the_promoted_configuration_is_refit_on_all_data_and_serves(tmp_path):
     assert refit_run.data.params["data.end"] == last
     assert refit_run.data.params["train.replay_lr_factors"] != "None"
     assert "split.train_end" not in refit_run.data.params
-    assert len(client.get_metric_history(refit_run.info.run_id, "train_loss")) == int(
-        tags["train.epochs"]
-    )
+    epochs = int(tags["train.epochs"])
+    assert 1 <= epochs <= settings.train_config_obj().max_epochs
+    assert len(client.get_metric_history(refit_run.info.run_id, "train_loss")) == epochs
     model = load_version(champion, tracking_uri=uri)
-    assert 0 <= int(tags["train.epochs"]) <= settings.train_config_obj().max_epochs
     forecast = model.predict(frame)
     assert forecast["ds"].min() > frame["ds"].max()
     # The refit has no held-out windows: its intervals keep the evaluated twin's calibration.
@@ -112,8 +118,16 @@ def test_a_refit_that_diverges_leaves_the_evaluated_version_champion(tmp_path, m
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     champion = resolve_model("models:/forecaster@champion", tracking_uri=uri)
     assert champion.version == result.version.version == "1"
-    tags = client_for(tmp_path).get_run(result.run_id).data.tags
+    client = client_for(tmp_path)
+    tags = client.get_run(result.run_id).data.tags
     assert "training loss nan" in tags["refit_skipped"]
+    # The refit's own run ended as failed and says why, where its page is browsed.
+    experiment = client.get_run(result.run_id).info.experiment_id
+    (refit_run,) = client.search_runs(
+        [experiment], filter_string=f"tags.mlflow.parentRunId = '{result.run_id}'"
+    )
+    assert refit_run.info.status == "FAILED"
+    assert "training loss nan" in refit_run.data.tags["error"]
     versions = client_for(tmp_path).search_model_versions("name='forecaster'")
     assert [str(v.version) for v in versions] == ["1"]  # nothing half-registered
 

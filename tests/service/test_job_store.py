@@ -142,6 +142,20 @@ def test_a_job_whose_worker_lives_is_not_taken_within_its_lease(store):
     assert store.get("mine").attempts == 1
 
 
+def test_a_job_of_another_live_worker_process_on_this_host_is_left_to_it(store):
+    """Several service processes on one host share a SQLite store: one's job is not taken by
+    another while its process lives, and is once it has gone."""
+    host = ME.rsplit(":", 2)[0]
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _running(store, "theirs", f"{host}:{worker.pid}:0123456789ab", heartbeat_at=time.time())
+        assert store.claim(ME, LEASE_S) is None
+    finally:
+        worker.kill()
+        worker.wait()
+    assert store.claim(ME, LEASE_S).id == "theirs"
+
+
 def test_a_job_that_lost_its_worker_too_often_fails_instead_of_running_again(store):
     expired = time.time() - LEASE_S - 1
     other = "another-host:1:0123456789ab"

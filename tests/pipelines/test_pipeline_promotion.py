@@ -180,6 +180,11 @@ def test_an_unloadable_champion_is_judged_absent_not_a_crash(store, data_csv, tm
     assert main(["rollback", "--config", str(cfg)]) == 3
     assert f"version {version}): its artifacts cannot be loaded" in capsys.readouterr().err
     assert _aliases(store)["champion"] == challenger
+    # Nor is it named champion of a model that has lost its champion.
+    client.delete_registered_model_alias("forecaster", "champion")
+    assert main(["rollback", "--config", str(cfg), "--to-version", str(version)]) == 3
+    assert f"version {version}): its artifacts cannot be loaded" in capsys.readouterr().err
+    assert "champion" not in _aliases(store)
 
 
 def test_a_champion_whose_artifacts_are_gone_is_judged_absent(store, data_csv, tmp_path):

@@ -132,6 +132,29 @@ def test_a_refit_that_diverges_leaves_the_evaluated_version_champion(tmp_path, m
     assert [str(v.version) for v in versions] == ["1"]  # nothing half-registered
 
 
+def test_a_refit_that_fails_otherwise_fails_the_retrain_and_says_so_in_its_run(
+    tmp_path, monkeypatch
+):
+    """An error the refit does not expect is not swallowed: the retrain fails with it, the
+    refit's run ends FAILED naming it, and the evaluated version, promoted, stays champion."""
+
+    def broken(self):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Forecaster, "refit_config", broken)
+    with pytest.raises(OSError, match="disk full"):
+        retrain(make_settings(tmp_path, refit=True), synthetic())
+    client = client_for(tmp_path)
+    (refit_run,) = client.search_runs(
+        [client.get_experiment_by_name("forecaster").experiment_id],
+        filter_string="tags.mlflow.parentRunId != ''",
+    )
+    assert refit_run.info.status == "FAILED"
+    assert refit_run.data.tags["error"] == "OSError: disk full"
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert resolve_model("models:/forecaster@champion", tracking_uri=uri).version == "1"
+
+
 def test_the_refit_says_promoted_only_once_it_is_champion(tmp_path, monkeypatch):
     """A run killed (SIGKILL, so nothing withdraws it) between registering the refit and moving
     the alias left a version without alias that said "promoted". The decision is tagged after

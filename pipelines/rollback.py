@@ -81,22 +81,26 @@ def rollback(
             return RollbackResult(model_name, current.version, target.version)
         load_version(target, tracking_uri=tracking_uri, device="cpu")
         try:
-            if named:  # what a plain rollback goes back to from here
+            # What a plain rollback goes back to from here, before the alias (as a refit
+            # carries it): the target never holds the alias without it.
+            if named:
                 client.set_model_version_tag(
                     model_name, target.version, PREVIOUS_CHAMPION, current.version
                 )
-            client.set_model_version_tag(
-                model_name,
-                current.version,
-                "rollback.rolled_back_at",
-                datetime.now(UTC).isoformat(timespec="seconds"),
-            )
-            client.set_model_version_tag(
-                model_name, current.version, "rollback.replaced_by", target.version
-            )
             client.set_registered_model_alias(model_name, CHAMPION, target.version)
         except MlflowException:
             logger.error("rollback of %s failed; champion unchanged", model_name)
             raise
+        # The record goes last, after the alias, as a promotion's decision does: a failure in
+        # between never leaves a version that says it was rolled back and is still champion.
+        client.set_model_version_tag(
+            model_name,
+            current.version,
+            "rollback.rolled_back_at",
+            datetime.now(UTC).isoformat(timespec="seconds"),
+        )
+        client.set_model_version_tag(
+            model_name, current.version, "rollback.replaced_by", target.version
+        )
     logger.info("%s@%s: version %s -> %s", model_name, CHAMPION, current.version, target.version)
     return RollbackResult(model_name, current.version, target.version)

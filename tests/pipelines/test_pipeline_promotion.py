@@ -287,3 +287,24 @@ def test_a_stop_before_the_alias_moves_leaves_no_promoted_tag(tmp_path, data_csv
     monkeypatch.undo()
     assert "promotion.decision" not in client_for(store).get_model_version("forecaster", "2").tags
     assert _aliases(store)["champion"] == "1"
+
+
+def test_a_rollback_whose_alias_fails_records_no_rollback(store, monkeypatch):
+    """The registry refuses the alias: the champion stays, and the version it would have
+    replaced does not say it was rolled back (the record is written after the alias)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = client_for(store)
+    source = client.get_model_version_download_uri("forecaster", "1")
+    other = str(client.create_model_version("forecaster", source, run_id=None).version)
+
+    def refused(self, *args, **kwargs):
+        raise MlflowException("the registry is read-only")
+
+    monkeypatch.setattr(MlflowClient, "set_registered_model_alias", refused)
+    with pytest.raises(MlflowException, match="read-only"):  # exit 1, with its traceback
+        main(["rollback", "--config", str(config_file(store)), "--to-version", other])
+    assert _aliases(store)["champion"] == "1"
+    tags = client.get_model_version("forecaster", "1").tags
+    assert not [key for key in tags if key.startswith("rollback.")]

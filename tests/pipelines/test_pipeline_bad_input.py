@@ -236,6 +236,10 @@ def test_a_file_cut_while_being_written_is_warned_of(tmp_path, caplog):
     path.write_text(text)  # whole: no warning
     ingest(path)
     assert caplog.text == ""
+    # Nor on Parquet, whose file ends with its footer, not a line end.
+    df.to_parquet(tmp_path / "feed.parquet")
+    ingest(tmp_path / "feed.parquet")
+    assert caplog.text == ""
 
 
 def test_retrain_goes_on_when_the_first_series_is_in_a_long_outage(tmp_path, capsys):

@@ -46,6 +46,11 @@ def test_without_leave_out_short_a_short_series_refuses_the_data_with_the_requir
         ingest(df, min_length=20, requirement="a split of 20")
     assert raised.value.series_id == "b"
     assert ingest(df, min_length=19).n_series == 2
+    # Without a requirement to name, the core's message stands alone.
+    with pytest.raises(SeriesTooShortError) as bare:
+        ingest(df, min_length=20)
+    assert not str(bare.value).rstrip().endswith(";")
+    assert bare.value.series_id == "b"
 
 
 def test_when_every_series_is_short_the_data_is_refused_as_without_the_option():

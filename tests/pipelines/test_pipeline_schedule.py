@@ -7,8 +7,9 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from croniter import croniter
 
-from pipelines.schedule import run_schedule
+from pipelines.schedule import _ticks_between, run_schedule
 from tests.pipelines.pipeline_helpers import make_settings
 
 
@@ -57,6 +58,15 @@ def test_ticks_during_a_long_run_are_skipped_not_replayed(store, data_csv, caplo
     assert next_tick > logged_at  # ... for a tick still in the future, never a missed one
     assert next_tick - logged_at <= timedelta(hours=1)
     assert report.last_result is not None and not hasattr(report, "results")
+
+
+def test_a_tick_at_the_very_end_of_a_run_counts_as_skipped():
+    """The wait after a run takes the first tick after its end, so a tick that falls exactly
+    at the end is never run: it is one of the skipped ticks the report counts."""
+    start = datetime(2024, 1, 1, 0, 30, tzinfo=UTC)
+    end = datetime(2024, 1, 1, 2, 0, tzinfo=UTC)
+    assert croniter("0 * * * *", end).get_next(datetime) == end + timedelta(hours=1)
+    assert _ticks_between("0 * * * *", start, end) == 2  # 01:00 and 02:00
 
 
 @pytest.mark.parametrize("legacy", [False, True])

@@ -74,12 +74,6 @@ def test_the_run_holds_params_learning_curves_metrics_and_artifacts(champion_sto
     assert metrics["interval_scale"] > 0
     assert all(metrics[f"interval_scale.history_{band}"] > 0 for band in HISTORY_BANDS[:-1])
     assert tags["device"] == "cpu"
-    # The bands whose left padding the registered model imputes, as its weights hold them.
-    model = load_forecaster("models:/forecaster/1", tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
-    imputed = model.forecaster.model.padding_imputed.tolist()
-    assert tags["padding_imputed"] == (
-        ",".join(band for band, i in zip(HISTORY_BANDS, imputed, strict=True) if i) or "none"
-    )
     # TINY_TRAIN's two epochs end before a plateau of `patience` 2 could.
     assert run.data.tags["training_ended"] == "max_epochs"
     artifacts = {a.path for a in client.list_artifacts(result.run_id)}
@@ -145,9 +139,10 @@ def test_a_retrain_stopped_by_a_plateau_says_so(tmp_path):
     result = retrain(
         make_settings(tmp_path, train={**train, "linear_start_lr_scale": 1.0}), synthetic()
     )
-    run = client_for(tmp_path).get_run(result.run_id)
+    client = client_for(tmp_path)
+    run = client.get_run(result.run_id)
     assert run.data.tags["training_ended"] == "plateau"
-    assert len(client_for(tmp_path).get_metric_history(result.run_id, "train_loss")) == 1
+    assert len(client.get_metric_history(result.run_id, "train_loss")) == 1
     assert run.data.metrics["best_epoch"] == 0
 
 

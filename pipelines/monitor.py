@@ -307,8 +307,11 @@ def _at_logged_steps(
     scored: pd.DataFrame, version: str, by_step: tuple[float, ...]
 ) -> float | None:
     """The backtest MASE of the steps `version`'s scored rows were logged at, averaged the way
-    the realised MASE is (per series, then over the series); None when none is known."""
-    rows = scored[scored["model_version"] == version]
+    the realised MASE is (per series, then over the series, over the rows that have a scale);
+    None when none is known."""
+    # A row without a scale (too little history before it) is not in the realised MASE, so
+    # its step must not weigh in what that MASE is compared with.
+    rows = scored[(scored["model_version"] == version) & np.isfinite(scored["scaled_error"])]
     steps = rows["step"].to_numpy(dtype=np.int64)
     known = (steps >= 1) & (steps <= len(by_step))
     expected = np.full(len(rows), np.nan)

@@ -243,8 +243,6 @@ def mark_stale_runs(client: MlflowClient, experiment_id: str) -> None:
             error,
         )
 
-    return True
-
 
 class PipelineRun:
     """An MLflow run that ends FINISHED, FAILED or KILLED according to how its block exits."""

@@ -337,13 +337,15 @@ def test_short_horizon_traffic_is_held_to_the_backtest_at_its_steps():
 
     scored = pd.DataFrame(
         {
-            "model_version": ["2"] * 4 + ["1"],
-            "unique_id": ["a", "a", "b", "b", "a"],
-            "step": [1, 1, 1, 3, 2],
+            "model_version": ["2"] * 5 + ["1"],
+            "unique_id": ["a", "a", "b", "b", "c", "a"],
+            "step": [1, 1, 1, 3, 3, 2],
+            # c has no scale yet (too little history), so the realised MASE leaves it out
+            "scaled_error": [1.0, 1.0, 1.0, 1.0, math.nan, 1.0],
         }
     )
     by_step = (0.25, 0.5, 0.75)
-    # a: 0.25; b: (0.25 + 0.75) / 2 = 0.5; the mean over series 0.375
+    # a: 0.25; b: (0.25 + 0.75) / 2 = 0.5; the mean over series 0.375 (with c: 0.5)
     assert _at_logged_steps(scored, "2", by_step) == pytest.approx(0.375)
     assert _at_logged_steps(scored, "2", ()) is None
     verdict, reason = degradation(

@@ -17,6 +17,7 @@ from forecaster import Forecaster
 from forecaster.config import HISTORY_BANDS
 from pipelines.cli import main
 from pipelines.errors import InvalidModelUriError, ModelNotFoundError, TrackingUnavailableError
+from pipelines.refit import REFIT_OF
 from pipelines.registry import download_forecaster, load_forecaster, resolve_model
 from pipelines.retrain import retrain
 from tests.pipelines.pipeline_helpers import (
@@ -392,9 +393,27 @@ def test_a_retrain_that_would_repeat_a_decision_registers_nothing(
     assert "nothing to retrain" in run.data.tags["retrain.unchanged"]
     assert main(["retrain", "--config", str(config_file(store)), "--data", str(data_csv)]) == 0
     assert "unchanged nothing to retrain" in capsys.readouterr().out
+    # The store's champion (version 1) was trained on other inputs, and this version lost to it.
+    assert "was rejected against @champion (version 1)" in again.unchanged.reason
+
+    # The same inputs are not trained again once their version is champion, or its refit is.
+    version = first.version.version
+    client.set_registered_model_alias("forecaster", "champion", version)
+    same = retrain_module.unchanged(client, settings, inputs)
+    assert (same.version, same.champion) == (version, version)
+    assert f"version {version}, trained on them, is @champion (retrain_unchanged" in same.reason
+    source = client.get_model_version_download_uri("forecaster", "1")
+    refit = str(
+        client.create_model_version(
+            "forecaster", source, run_id=None, tags={REFIT_OF: version}
+        ).version
+    )
+    client.set_registered_model_alias("forecaster", "champion", refit)
+    same = retrain_module.unchanged(client, settings, inputs)
+    assert (same.version, same.champion) == (version, refit)
+    assert f"(as its refit, version {refit})" in same.reason
 
     # A champion these inputs never challenged (rolled back to, or set by hand) is challenged.
-    source = client.get_model_version_download_uri("forecaster", "1")
     other = client.create_model_version("forecaster", source, run_id=None).version
     client.set_registered_model_alias("forecaster", "champion", other)
     assert retrain_module.unchanged(client, settings, inputs) is None

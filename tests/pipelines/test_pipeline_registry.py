@@ -56,6 +56,10 @@ def test_the_run_holds_params_learning_curves_metrics_and_artifacts(champion_sto
     assert params["train.seed"] == params["seed"] == "0"
     assert params["device"] == "cpu"
     assert params["data.fingerprint"] == result.fingerprint
+    # The split the metrics were computed on; the version's own tag names its window end.
+    version = client.get_model_version("forecaster", result.version.version)
+    assert params["split.val_end"] == version.tags["train.window_end"]
+    assert int(params["split.train_rows"]) > 0
     for package in ("torch", "pandas", "mlflow", "python"):
         assert params[f"version.{package}"]
     history = client.get_metric_history(result.run_id, "train_loss")
@@ -75,6 +79,9 @@ def test_the_run_holds_params_learning_curves_metrics_and_artifacts(champion_sto
     assert metrics["interval_scale"] > 0
     assert all(metrics[f"interval_scale.history_{band}"] > 0 for band in HISTORY_BANDS[:-1])
     assert tags["device"] == "cpu"
+    # What the run decided, beside its metrics, as the version's tags say it.
+    assert tags["promotion.decision"] == "promoted"
+    assert tags["promotion.reason"] == version.tags["promotion.reason"]
     # TINY_TRAIN's two epochs end before a plateau of `patience` 2 could.
     assert run.data.tags["training_ended"] == "max_epochs"
     artifacts = {a.path for a in client.list_artifacts(result.run_id)}

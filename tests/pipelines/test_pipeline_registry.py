@@ -402,9 +402,11 @@ def test_a_retrain_that_would_repeat_a_decision_registers_nothing(
     assert "unchanged nothing to retrain" in capsys.readouterr().out
     # The store's champion (version 1) was trained on other inputs, and this version lost to it.
     assert "was rejected against @champion (version 1)" in again.unchanged.reason
+    forced = retrain_module.retrain(make_settings(store, retrain_unchanged=True), data_csv)
+    assert forced.unchanged is None and forced.version.version not in before
 
     # The same inputs are not trained again once their version is champion, or its refit is.
-    version = first.version.version
+    version = forced.version.version  # the latest version trained on these inputs
     client.set_registered_model_alias("forecaster", "champion", version)
     same = retrain_module.unchanged(client, settings, inputs)
     assert (same.version, same.champion) == (version, version)

@@ -136,6 +136,22 @@ def test_nightly_ticks_stay_at_their_local_hour_across_daylight_saving(monkeypat
     assert str(schedule_zone("America/New_York")) == "America/New_York"  # the setting wins
 
 
+def test_without_tz_the_machines_zone_file_gives_its_daylight_saving_rules(monkeypatch):
+    """Without TZ the zone is /etc/localtime's, a zone with rules (not the offset of the
+    moment, which the test above shows moving a nightly tick by an hour)."""
+    from pathlib import Path
+    from zoneinfo import ZoneInfo
+
+    from pipelines.schedule import schedule_zone
+
+    if not Path("/etc/localtime").is_file():
+        pytest.skip("this machine has no /etc/localtime")
+    monkeypatch.delenv("TZ", raising=False)
+    zone = schedule_zone(None)
+    assert isinstance(zone, ZoneInfo)
+    assert datetime.now(zone).utcoffset() == datetime.now().astimezone().utcoffset()
+
+
 def test_the_scheduler_itself_waits_for_the_settings_local_hour(store, monkeypatch, caplog):
     """`run_schedule` without an injected clock reads the wall clock in `schedule_timezone`:
     on the eve of the autumn change the next "0 3 * * *" is 03:00 Berlin winter time."""

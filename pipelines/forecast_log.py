@@ -206,6 +206,39 @@ class ForecastLog:
         return path
 
 
+class StagedRows:
+    """Log rows kept in a file of their own until what they forecast has been delivered, then
+    handed to the log whole (`ForecastLog.adopt`): a run that fails half way logs nothing it
+    did not deliver, and rows go to disk as they come, so memory stays flat."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.rows = 0
+        self._writer: pq.ParquetWriter | None = None
+
+    def append(self, table: pa.Table) -> None:
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self.path, SCHEMA)
+        self._writer.write_table(table)
+        self.rows += table.num_rows
+
+    def hand_over(self, log: ForecastLog) -> Path | None:
+        """Move the rows into `log`; the file it became (None when there were none)."""
+        self._close()
+        if not self.rows:
+            return None
+        return log.adopt(self.path)
+
+    def discard(self) -> None:
+        self._close()
+        self.path.unlink(missing_ok=True)
+
+    def _close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
 def prune(directory: str | Path, retention_days: float) -> int:
     """Delete the log files written more than ``retention_days`` ago, and the temporary files
     of writers killed before their rename as old; returns how many."""

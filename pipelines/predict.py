@@ -36,7 +36,7 @@ from forecaster.data import csv_reading, load_frame, reading, split_future_rows
 from forecaster.errors import EmptyDataError, ForecasterInputError, MissingColumnsError
 from forecaster.outputs import ForecastArrays
 from forecaster.validation import ID, TARGET, TIME, in_callers_types
-from pipelines.forecast_log import ForecastLog, records
+from pipelines.forecast_log import ForecastLog, StagedRows, records
 from pipelines.registry import ModelRef, load_forecaster
 from pipelines.series_chunks import whole_series_chunks
 
@@ -241,8 +241,9 @@ def predict_file(
 ) -> PredictSummary:
     """Forecast every series of ``input_path`` and write the forecasts to ``output_path``.
 
-    With ``forecast_log``, the forecasts of a registered version are also appended to that
-    forecast log (``pipelines.forecast_log``) for monitoring. With ``glitches_output`` (CSV or
+    With ``forecast_log``, the forecasts of a registered version are also added to that
+    forecast log (``pipelines.forecast_log``) for monitoring, once the output is in place (a
+    run that fails logs nothing). With ``glitches_output`` (CSV or
     Parquet), the readings read as glitches are listed there (``unique_id, ds``; only a header
     when there is none); the summary counts them either way.
 
@@ -265,9 +266,11 @@ def predict_file(
     else:
         forecaster, ref = load_model(model, tracking_uri=tracking_uri, device=device)
     covariates = list(forecaster.model_config.covariates)
-    log = None
+    log = staged = None
     if forecast_log is not None and ref is not None:
         log = ForecastLog(forecast_log, retention_days=None)  # the service's to prune
+        # Beside the output, and handed to the log with it: a run that fails logs nothing.
+        staged = StagedRows(writer.partial.with_name(f"{writer.partial.name}.log.parquet"))
     elif forecast_log is not None:
         logger.info("forecasts of a model loaded from a directory are not logged: no version")
 
@@ -301,8 +304,8 @@ def predict_file(
             n_glitched_series += int((counts > 0).sum())
             if glitch_writer is not None:
                 glitch_writer.write(in_callers_types(forecast.glitch_frame(), batch, wall_clock))
-            if log is not None:
-                log.append(records(forecast, model_name=ref.name, model_version=ref.version))
+            if staged is not None:
+                staged.append(records(forecast, model_name=ref.name, model_version=ref.version))
             n_series += int(batch[ID].nunique())
             n_rows += len(batch)
             bar.update(len(batch))
@@ -310,8 +313,8 @@ def predict_file(
         if glitch_writer is not None and writer.rows:
             glitch_writer.commit()
         writer.commit()
-        if log is not None:
-            log.flush()
+        if staged is not None:
+            staged.hand_over(log)
     except BaseException:
         writer.abort()
         if glitch_writer is not None:
@@ -319,6 +322,8 @@ def predict_file(
         raise
     finally:
         bar.close()
+        if staged is not None:
+            staged.discard()
     summary = PredictSummary(
         ref,
         output_path,

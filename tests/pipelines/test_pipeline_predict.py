@@ -345,3 +345,44 @@ def test_an_id_that_spells_a_missing_value_is_forecast(model_dir, history, tmp_p
     predict_file(str(model_dir), tmp_path / "in.csv", tmp_path / "out.csv", progress=False)
     out = pd.read_csv(tmp_path / "out.csv", keep_default_na=False)
     assert set(out["unique_id"]) == set(named["unique_id"])
+
+
+def test_a_run_that_fails_logs_no_forecast_and_one_that_succeeds_logs_all(
+    champion_store, history, tmp_path, monkeypatch
+):
+    """Forecasts reach the forecast log only with the output they were written to: a run
+    that failed on a later series (its earlier chunks forecast) left their rows in the log,
+    where monitoring would score forecasts nobody received."""
+    import functools
+
+    from pipelines.forecast_log import ForecastLog, read_log
+
+    # A log that writes every row at once, as a large run's did past its buffer.
+    monkeypatch.setattr(predict_module, "ForecastLog", functools.partial(ForecastLog, flush_rows=1))
+
+    root, _ = champion_store
+    log_dir = tmp_path / "log"
+    bad = history.copy()
+    bad["y"] = bad["y"].astype(object)
+    bad.loc[bad.index[-1], "y"] = "abc"  # in the last series, after others were forecast
+    bad.to_csv(tmp_path / "bad.csv", index=False)
+    history.to_csv(tmp_path / "in.csv", index=False)
+    run = {
+        "tracking_uri": f"sqlite:///{root / 'mlflow.db'}",
+        "forecast_log": log_dir,
+        "chunk_series": 2,
+        "progress": False,
+    }
+    with pytest.raises(ValueError, match="series_006"):
+        predict_file("models:/forecaster@champion", tmp_path / "bad.csv", tmp_path / "o.csv", **run)
+    assert read_log(log_dir).empty
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv", "in.csv"]
+
+    summary = predict_file(
+        "models:/forecaster@champion", tmp_path / "in.csv", tmp_path / "o.csv", **run
+    )
+    logged = read_log(log_dir)
+    assert len(logged) == summary.n_output_rows
+    assert set(logged["unique_id"]) == set(history["unique_id"])
+    assert set(logged["model_version"]) == {summary.model.version}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv", "in.csv", "log", "o.csv"]

@@ -36,6 +36,7 @@ from forecaster.data import csv_reading, load_frame, reading, split_future_rows
 from forecaster.errors import EmptyDataError, ForecasterInputError, MissingColumnsError
 from forecaster.outputs import ForecastArrays
 from forecaster.validation import ID, TARGET, TIME, in_callers_types
+from pipelines.errors import InvalidModelUriError
 from pipelines.forecast_log import ForecastLog, StagedRows, records
 from pipelines.registry import ModelRef, load_forecaster
 from pipelines.series_chunks import whole_series_chunks
@@ -66,8 +67,14 @@ def load_model(
     model: str, *, tracking_uri: str | None = None, device: str | None = None
 ) -> tuple[Forecaster, ModelRef | None]:
     """A model URI (``models:/NAME@alias``, ``models:/NAME/VERSION``) or a saved directory."""
-    if not model.startswith("models:/") and (Path(model) / "config.json").is_file():
-        return Forecaster.load(model, device=device), None
+    if not model.startswith("models:/"):
+        if Path(model).is_dir():  # Forecaster.load names what a saved model lacks
+            return Forecaster.load(model, device=device), None
+        if "://" not in model and ":/" not in model:
+            raise InvalidModelUriError(
+                f"model: expected 'models:/NAME@alias', 'models:/NAME/VERSION' or the "
+                f"directory of a saved model, got {model!r}, which is no directory"
+            )
     loaded = load_forecaster(model, tracking_uri=tracking_uri, device=device)
     return loaded.forecaster, loaded.ref
 

@@ -165,6 +165,22 @@ def test_an_unreadable_input_file_exits_2_naming_it(model_dir, tmp_path, capsys,
     assert not out.exists()
 
 
+def test_a_model_path_that_is_no_saved_model_says_what_it_lacks(history, tmp_path, capsys):
+    """A path given as --model was read as a registry URI unless it held config.json: a
+    directory without it, or a mistyped path, was answered with the URI forms alone."""
+    history.to_csv(tmp_path / "in.csv", index=False)
+    (tmp_path / "empty").mkdir()
+    args = ["predict", "--input", str(tmp_path / "in.csv"), "--output", str(tmp_path / "o.csv")]
+    assert main([*args, "--model", str(tmp_path / "empty")]) == 2
+    assert f"{tmp_path / 'empty'}: no config.json" in capsys.readouterr().err
+    assert main([*args, "--model", str(tmp_path / "typo")]) == 2
+    err = capsys.readouterr().err
+    assert "or the directory of a saved model" in err and "which is no directory" in err
+    assert main([*args, "--model", "forecaster@champion"]) == 2
+    assert "'models:/NAME@alias'" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "in.csv"]
+
+
 def test_a_damaged_model_exits_2_naming_its_file(model_dir, history, tmp_path, capsys):
     damaged = tmp_path / "model"
     shutil.copytree(model_dir, damaged)

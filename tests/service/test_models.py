@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 
+import pytest
+import torch
+
 from forecaster import Forecaster
-from service.model_manager import ModelIdentity
+from service.model_manager import ModelIdentity, smoke_test
 from tests.saved_models import reseal
 
 API_KEY = "test-key-0123456789abcdef"
@@ -28,7 +32,7 @@ def test_no_model_then_champion_appears_then_alias_moves(
     client = make_client(source="registry", tracking_uri=registry.tracking_uri, api_keys=API_KEY)
     ready = client.get("/readyz", headers=KEY)
     assert ready.status_code == 503
-    assert "forecaster@champion" in ready.json()["detail"]
+    assert "waiting for forecaster@champion in the model registry" in ready.json()["detail"]
     response = client.post("/v1/forecast", json={"series": [payload("series_000")]}, headers=KEY)
     assert response.status_code == 503
     assert "forecaster@champion" in response.json()["detail"]
@@ -252,3 +256,14 @@ def test_readiness_says_the_first_registry_check_is_still_running(make_client, f
     assert "first registry check still running" in ready.json()["detail"]
     release.set()
     assert _wait(lambda: client.get("/readyz").status_code == 200)
+
+
+def test_the_smoke_test_refuses_a_model_whose_forecasts_are_not_finite(fitted):
+    """A version whose weights hold a NaN (a diverged training, a damaged file that still
+    loads) forecasts NaN for every series: refused before it serves a request."""
+    smoke_test(fitted)  # the sound model passes
+    broken = copy.deepcopy(fitted)
+    with torch.no_grad():
+        next(broken.model.parameters()).fill_(float("nan"))
+    with pytest.raises(RuntimeError, match="NaN or infinite"):
+        smoke_test(broken)

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 import pipelines.predict as predict_module
-from forecaster import Forecaster
+from forecaster import Forecaster, ModelConfig
+from forecaster.errors import MissingColumnsError
 from pipelines.cli import main
 from pipelines.predict import predict_file
 from pipelines.registry import download_forecaster, resolve_model
@@ -402,3 +403,34 @@ def test_a_run_that_fails_logs_no_forecast_and_one_that_succeeds_logs_all(
     assert set(logged["unique_id"]) == set(history["unique_id"])
     assert set(logged["model_version"]) == {summary.model.version}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv", "in.csv", "log", "o.csv"]
+
+
+def test_a_file_with_no_series_writes_nothing_and_exits_2(model_dir, history, tmp_path, capsys):
+    history.head(0).to_csv(tmp_path / "in.csv", index=False)  # the header alone
+    out = tmp_path / "new" / "dir" / "o.csv"
+    args = ["predict", "--model", str(model_dir), "--input", str(tmp_path / "in.csv")]
+    assert main([*args, "--output", str(out), "--no-progress"]) == 2
+    assert "no forecasts were produced: the input holds no series" in capsys.readouterr().err
+    assert not out.exists() and list(out.parent.iterdir()) == []
+
+
+def test_an_output_in_a_directory_not_made_yet_is_written_and_the_run_timed(
+    model_dir, history, tmp_path
+):
+    history.to_csv(tmp_path / "in.csv", index=False)
+    out = tmp_path / "new" / "dir" / "o.csv"
+    summary = predict_file(str(model_dir), tmp_path / "in.csv", out, progress=False)
+    assert len(pd.read_csv(out)) == summary.n_output_rows > 0
+    assert 0 < summary.seconds < 600
+
+
+def test_a_covariate_the_model_needs_missing_from_the_file_is_named(history, tmp_path):
+    """Checked against the file's header before anything is read or forecast."""
+    config = ModelConfig(
+        context_length=8, prediction_length=3, patch_length=4, covariates=("temp", "price")
+    )
+    history.assign(temp=1.0).to_csv(tmp_path / "in.csv", index=False)
+    with pytest.raises(MissingColumnsError, match=r"missing covariate columns \['price'\]") as e:
+        predict_file(Forecaster(config), tmp_path / "in.csv", tmp_path / "o.csv", progress=False)
+    assert e.value.field == "price"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv"]

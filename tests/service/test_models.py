@@ -62,6 +62,7 @@ def test_no_model_then_champion_appears_then_alias_moves(
     assert out.json()["model"]["version"] == v2
     metrics = client.get("/metrics", headers=KEY).text
     assert f"forecaster_model_version {float(v2)}" in metrics
+    assert 'forecaster_model_loads_total{outcome="loaded"} 2.0' in metrics
 
 
 class Versions:

@@ -11,7 +11,6 @@ store being unreachable changes nothing: the version is fetched again at the nex
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import tempfile
 from collections.abc import Callable
@@ -240,7 +239,9 @@ class ModelManager:
         """Fresh asyncio primitives for the event loop about to run the app."""
         self._lock = asyncio.Lock()
         self._first_check = asyncio.Event()
-        self._poll_now = asyncio.Event()
+        # Checks started for a request that is answered before they end: the loop holds
+        # tasks weakly, so without a reference one could be collected half way.
+        self._background: set[asyncio.Task[CheckOutcome]] = set()
 
     @property
     def label(self) -> str:
@@ -339,9 +340,12 @@ class ModelManager:
         self.validate(forecaster)
         return forecaster
 
-    def request_check(self) -> None:
-        """Wake the poller now (used after a forced reload is queued)."""
-        self._poll_now.set()
+    def check_in_background(self, *, force: bool = False) -> asyncio.Task[CheckOutcome]:
+        """`check` as a task that runs to its end whether or not anyone awaits it."""
+        task = asyncio.ensure_future(self.check(force=force))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
 
     async def wait_first_check(self, timeout: float) -> bool:
         try:
@@ -359,9 +363,7 @@ class ModelManager:
                 raise
             except Exception:  # never let the poller die; the next round tries again
                 logger.exception("model poller round failed")
-            self._poll_now.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._poll_now.wait(), self.poll_interval_s)
+            await asyncio.sleep(self.poll_interval_s)
 
     def state(self) -> dict[str, Any]:
         current = self.current

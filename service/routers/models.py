@@ -31,7 +31,7 @@ async def get_models(manager: ManagerDep) -> dict:
 async def reload_model(
     manager: ManagerDep, settings: SettingsDep, response: Response, wait: bool = True
 ) -> dict:
-    check = asyncio.ensure_future(manager.check(force=True))
+    check = manager.check_in_background(force=True)
     if wait:
         try:
             # shield: a slow load goes on in the background after we answer 202.

@@ -268,3 +268,20 @@ def test_the_smoke_test_refuses_a_model_whose_forecasts_are_not_finite(fitted):
         next(broken.model.parameters()).fill_(float("nan"))
     with pytest.raises(RuntimeError, match="NaN or infinite"):
         smoke_test(broken)
+
+
+def test_a_reload_not_waited_for_answers_202_and_still_swaps_the_version_in(make_client, fitted):
+    """`POST /v1/models/reload?wait=false` answers at once; the check it started runs to its
+    end after the answer, though nothing awaits it any more."""
+    import gc
+
+    source = Versions(fitted)
+    source.models["3"] = fitted
+    client = make_client(source=source, api_keys=API_KEY)  # no poll in the meantime
+    assert client.get("/v1/models", headers=KEY).json()["loaded"]["version"] == "1"
+    source.version = "3"
+    response = client.post("/v1/models/reload", params={"wait": "false"}, headers=KEY)
+    assert response.status_code == 202
+    assert response.json()["outcome"] == "in_progress"
+    gc.collect()
+    assert _wait(lambda: client.get("/v1/models", headers=KEY).json()["loaded"]["version"] == "3")

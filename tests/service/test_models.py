@@ -40,6 +40,9 @@ def test_no_model_then_champion_appears_then_alias_moves(
     assert client.get("/ping", headers=KEY).status_code == 404
     models = client.get("/v1/models", headers=KEY).json()
     assert models["ready"] is False and "not found" in models["last_check_error"]
+    missing = client.post("/v1/models/reload", headers=KEY).json()
+    assert missing["outcome"] == "unavailable" and "not found" in missing["message"]
+    assert _registry_errors(client, KEY) >= 2  # the startup check's and the reload's
 
     v1 = registry.register(fitted, training_frame)
     reload = client.post("/v1/models/reload", headers=KEY)
@@ -63,6 +66,12 @@ def test_no_model_then_champion_appears_then_alias_moves(
     metrics = client.get("/metrics", headers=KEY).text
     assert f"forecaster_model_version {float(v2)}" in metrics
     assert 'forecaster_model_loads_total{outcome="loaded"} 2.0' in metrics
+
+
+def _registry_errors(client, headers=None) -> float:
+    metrics = client.get("/metrics", headers=headers).text
+    line = next(x for x in metrics.splitlines() if x.startswith("forecaster_registry_errors_total"))
+    return float(line.split()[-1])
 
 
 class Versions:
@@ -126,7 +135,10 @@ def test_artifacts_out_of_reach_are_fetched_again_not_refused(
     """The artifact store down (here: the files moved away) when the alias moves: the version
     is not the culprit, so it is fetched again once they are back, without a forced reload."""
     registry.register(fitted, training_frame)
-    client = make_client(source="registry", tracking_uri=registry.tracking_uri, poll_interval_s=0.2)
+    client = make_client(
+        source="registry", tracking_uri=registry.tracking_uri, poll_interval_s=0.2, api_keys=API_KEY
+    )
+    client.headers.update(KEY)
     assert client.get("/v1/models").json()["loaded"]["version"] == "1"
     v2 = registry.register(fitted, training_frame, alias="challenger")
     store, away = tmp_path / "mlartifacts", tmp_path / "away"
@@ -141,23 +153,29 @@ def test_artifacts_out_of_reach_are_fetched_again_not_refused(
     assert state["loaded"]["version"] == "1" and state["refused"] == []
     out = client.post("/v1/forecast", json={"series": [payload("series_000")]})
     assert out.status_code == 200 and out.json()["model"]["version"] == "1"
+    reload = client.post("/v1/models/reload").json()
+    assert reload["outcome"] == "unavailable" and "could not be fetched" in reload["message"]
+    assert _registry_errors(client) >= 1
     away.rename(store)
     assert _wait(lambda: client.get("/v1/models").json()["loaded"]["version"] == v2)
 
 
 def test_registry_unreachable_after_startup_keeps_serving(make_client, fitted, payload):
     source = Versions(fitted)
-    client = make_client(source=source, poll_interval_s=0.2)
+    client = make_client(source=source, poll_interval_s=0.2, api_keys=API_KEY)
 
     def unreachable() -> ModelIdentity:
         raise ConnectionError("MLflow tracking server at http://127.0.0.1:9 is unreachable")
 
     source.resolve = unreachable
-    assert _wait(lambda: client.get("/v1/models").json()["last_check_error"])
-    assert "unreachable" in client.get("/v1/models").json()["last_check_error"]
-    assert client.get("/readyz").status_code == 200
-    out = client.post("/v1/forecast", json={"series": [payload("series_000")]})
+    assert _wait(lambda: client.get("/v1/models", headers=KEY).json()["last_check_error"])
+    assert "unreachable" in client.get("/v1/models", headers=KEY).json()["last_check_error"]
+    assert client.get("/readyz", headers=KEY).status_code == 200
+    out = client.post("/v1/forecast", json={"series": [payload("series_000")]}, headers=KEY)
     assert out.status_code == 200
+    reload = client.post("/v1/models/reload", headers=KEY).json()
+    assert reload["outcome"] == "unavailable" and "unreachable" in reload["message"]
+    assert _registry_errors(client, KEY) >= 1
 
 
 def test_a_version_saved_by_code_that_forecasts_differently_is_refused(

@@ -187,6 +187,7 @@ def test_retrain_scores_the_champions_logged_forecasts_and_a_shift_is_degradatio
     assert "realised MASE" in result.monitoring.reason
     run = client.get_run(result.run_id)
     assert run.data.tags["monitoring.degraded"] == "true"
+    assert run.data.tags["monitoring.reason"] == result.monitoring.reason  # the run page's why
     assert run.data.metrics["realised/v1/mase"] == pytest.approx(result.monitoring.champion.mase)
     artifacts = [a.path for a in client.list_artifacts(result.run_id, "monitoring")]
     assert "monitoring/realised_accuracy.png" in artifacts

@@ -191,6 +191,7 @@ def test_retrain_scores_the_champions_logged_forecasts_and_a_shift_is_degradatio
     assert run.data.metrics["realised/v1/mase"] == pytest.approx(result.monitoring.champion.mase)
     artifacts = [a.path for a in client.list_artifacts(result.run_id, "monitoring")]
     assert "monitoring/realised_accuracy.png" in artifacts
+    assert "monitoring/realised_accuracy.json" in artifacts  # the per-version table
     assert client.get_model_version("forecaster", "1").tags["realised.degraded"] == "true"
 
 
@@ -353,6 +354,14 @@ def test_short_horizon_traffic_is_held_to_the_backtest_at_its_steps():
         _accuracy(0.58), 0.25, tolerance=0.3, min_points=50, basis="backtest at the logged steps"
     )
     assert verdict and "backtest at the logged steps 0.2500" in reason
+
+
+@pytest.mark.parametrize("backtest", [None, math.nan])
+def test_a_champion_without_a_backtest_mase_is_not_judged(backtest):
+    """A version registered without a usable backtest.mase tag has no limit to exceed."""
+    verdict, reason = degradation(_accuracy(9.9), backtest, tolerance=0.3, min_points=50)
+    assert verdict is False
+    assert "version 3 has no backtest MASE to compare with" in reason
 
 
 @pytest.mark.parametrize(

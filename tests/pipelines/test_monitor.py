@@ -102,7 +102,8 @@ def test_coverage_is_of_one_nominal_level():
     """Bands logged at two levels blended into one coverage reported at the larger level
     (0.514 'at 0.8', made of 0.715 at 0.8 and 0.313 at 0.4)."""
     actuals = pd.DataFrame({"unique_id": "a", "ds": T, "y": [0.0, 1, 2, 3, 4, 5, 6]})
-    wide = _log_rows("1", "a", 2, [3, 4, 5], lower=[2, 3, 4], upper=[4, 5, 6])  # all inside
+    # all inside, bounds included: 3 on its lower bound, 4 on its upper one
+    wide = _log_rows("1", "a", 2, [3, 4, 5], lower=[3, 3, 4], upper=[4, 4, 6])
     narrow = _log_rows("1", "a", 1, [2], lower=[5], upper=[6]).assign(level=0.4)  # outside
     accuracy = score(pd.concat([wide, narrow], ignore_index=True), actuals, season=1)
     assert accuracy.versions["1"].level == pytest.approx(0.8)

@@ -70,11 +70,10 @@ def load_model(
     if not model.startswith("models:/"):
         if Path(model).is_dir():  # Forecaster.load names what a saved model lacks
             return Forecaster.load(model, device=device), None
-        if "://" not in model and ":/" not in model:
-            raise InvalidModelUriError(
-                f"model: expected 'models:/NAME@alias', 'models:/NAME/VERSION' or the "
-                f"directory of a saved model, got {model!r}, which is no directory"
-            )
+        raise InvalidModelUriError(
+            f"model: expected 'models:/NAME@alias', 'models:/NAME/VERSION' or the "
+            f"directory of a saved model, got {model!r}, which is no directory"
+        )
     loaded = load_forecaster(model, tracking_uri=tracking_uri, device=device)
     return loaded.forecaster, loaded.ref
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import time
 
@@ -291,8 +292,6 @@ def test_the_smoke_test_refuses_a_model_whose_forecasts_are_not_finite(fitted):
 def test_a_reload_not_waited_for_answers_202_and_still_swaps_the_version_in(make_client, fitted):
     """`POST /v1/models/reload?wait=false` answers at once; the check it started runs to its
     end after the answer, though nothing awaits it any more."""
-    import gc
-
     source = Versions(fitted)
     source.models["3"] = fitted
     client = make_client(source=source, api_keys=API_KEY)  # no poll in the meantime

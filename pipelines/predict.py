@@ -134,6 +134,7 @@ class _Writer:
 
     def __init__(self, path: Path, role: str = "output", allow_empty: bool = False):
         self.path = path
+        self.role = role
         self.kind = _kind(path, role)
         self.allow_empty = allow_empty
         if path.is_dir():
@@ -171,16 +172,27 @@ class _Writer:
             self._parquet.write_table(table.cast(self._parquet.schema))
         self.rows += len(frame)
 
-    def commit(self) -> None:
+    def close(self) -> None:
+        """Finish the temporary file, so that `commit` is left only the rename."""
         if self._parquet is not None:
             self._parquet.close()
+            self._parquet = None
         if self.rows == 0 and not self.allow_empty:
             raise EmptyDataError("no forecasts were produced: the input holds no series")
-        os.replace(self.partial, self.path)
+
+    def commit(self) -> None:
+        self.close()
+        try:
+            os.replace(self.partial, self.path)
+        except OSError as exc:  # e.g. a directory made at the path during the run
+            raise ForecasterInputError(
+                f"{self.role} {self.path}: cannot be replaced ({exc.strerror})", field=self.role
+            ) from None
 
     def abort(self) -> None:
         if self._parquet is not None:
             self._parquet.close()
+            self._parquet = None
         self.partial.unlink(missing_ok=True)
 
 
@@ -316,9 +328,14 @@ def predict_file(
             n_rows += len(batch)
             bar.update(len(batch))
             bar.set_postfix(series=n_series)
-        if glitch_writer is not None and writer.rows:
-            glitch_writer.commit()
+        # Both files finished before either is renamed, the output first: a run that fails
+        # leaves neither, and the glitches file never describes an output that is not there.
+        writer.close()
+        if glitch_writer is not None:
+            glitch_writer.close()
         writer.commit()
+        if glitch_writer is not None:
+            glitch_writer.commit()
         if staged is not None:
             staged.hand_over(log)
     except BaseException:

@@ -334,11 +334,21 @@ def _replaced_on_success(path: str) -> Iterator[str]:
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    if target.is_dir():
-        shutil.rmtree(target)
-    elif target.exists():
-        target.unlink()
-    os.replace(partial, target)
+    # The previous output is set aside, not deleted, until the new one is in place.
+    previous = target.with_name(f".{target.name}.previous-{os.getpid()}")
+    if target.exists():
+        os.replace(target, previous)
+    try:
+        os.replace(partial, target)
+    except BaseException:
+        if previous.exists():
+            os.replace(previous, target)
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    if previous.is_dir():
+        shutil.rmtree(previous)
+    elif previous.exists():
+        previous.unlink()
 
 
 _NANOS_AS_LONG = "spark.sql.legacy.parquet.nanosAsLong"
@@ -468,6 +478,14 @@ def predict_spark(
                 raise EmptyDataError(f"input {input_path}: no forecasts were produced: no series")
             if glitch_writer is not None:
                 listed = _write_glitches(glitch_writer, forecasts, zone, forecaster.wall_clock)
+        # Renamed after the output, as the local path does: never a list of glitches for
+        # forecasts that were not written.
+        if glitch_writer is not None:
+            glitch_writer.commit()
+    except BaseException:
+        if glitch_writer is not None:
+            glitch_writer.abort()
+        raise
     finally:
         if glitch_writer is not None:
             forecasts.unpersist()
@@ -499,9 +517,9 @@ def _as_instants(column: str, zone: str, wall_clock: bool):
 def _write_glitches(
     writer: _Writer, forecasts: DataFrame, zone: str | None, wall_clock: bool
 ) -> pd.DataFrame:
-    """List the glitches of `forecasts` (from `_forecast(..., glitches=True)`) with `writer`,
-    sorted, as the local path lists them (in the input's zone, when it has one); returns them.
-    """
+    """Write the glitches of `forecasts` (from `_forecast(..., glitches=True)`) to `writer`'s
+    temporary file, sorted, as the local path lists them (in the input's zone, when it has
+    one); returns them. The caller commits the file."""
     from pyspark.sql import functions as F
 
     exploded = forecasts.select(ID, F.explode(_GLITCHES).alias(TIME))
@@ -509,10 +527,6 @@ def _write_glitches(
     listed = listed.astype({ID: "string", TIME: "datetime64[ns]"})
     if zone is not None:
         listed[TIME] = in_zone(listed[TIME], zone, wall_clock)
-    try:
-        writer.write(listed)
-        writer.commit()
-    except BaseException:
-        writer.abort()
-        raise
+    writer.write(listed)
+    writer.close()
     return listed

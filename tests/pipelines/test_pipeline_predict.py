@@ -434,3 +434,26 @@ def test_a_covariate_the_model_needs_missing_from_the_file_is_named(history, tmp
         predict_file(Forecaster(config), tmp_path / "in.csv", tmp_path / "o.csv", progress=False)
     assert e.value.field == "price"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv"]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_an_output_that_cannot_be_replaced_leaves_no_glitches_file(
+    model_dir, history, tmp_path, monkeypatch, capsys, suffix
+):
+    """The output is renamed into place first: when that fails (here a directory made at its
+    path during the run), the glitches file is not left describing forecasts nobody got."""
+    glitched, _ = _with_a_glitch(history, "series_002", from_end=20)
+    glitched.to_csv(tmp_path / "in.csv", index=False)
+    out, listed = tmp_path / "o.csv", tmp_path / f"glitches{suffix}"
+    real_forecast_batch = predict_module.forecast_batch
+
+    def forecast_while_a_directory_appears(*args, **kwargs):
+        (out / "taken").mkdir(parents=True, exist_ok=True)  # non-empty: no rename replaces it
+        return real_forecast_batch(*args, **kwargs)
+
+    monkeypatch.setattr(predict_module, "forecast_batch", forecast_while_a_directory_appears)
+    args = ["predict", "--model", str(model_dir), "--input", str(tmp_path / "in.csv")]
+    assert main([*args, "--output", str(out), "--glitches", str(listed), "--no-progress"]) == 2
+    assert f"output {out}: cannot be replaced" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv", "o.csv"]
+    assert [p.name for p in out.iterdir()] == ["taken"]

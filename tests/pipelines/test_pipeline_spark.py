@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -11,7 +13,7 @@ from forecaster.synthetic import generate_synthetic
 from pipelines.cli import main
 from pipelines.predict import predict_file
 from pipelines.registry import download_forecaster, resolve_model
-from pipelines.spark import forecast_spark, predict_spark, spark_session
+from pipelines.spark import _replaced_on_success, forecast_spark, predict_spark, spark_session
 from tests.forecaster.conftest import TINY_MODEL, TINY_TRAIN
 from tests.pipelines.pipeline_helpers import synthetic
 
@@ -127,6 +129,23 @@ def test_cli_spark_engine_names_bad_input(spark, tracking_uri, history, tmp_path
     assert "series 'series_004': column 'y' holds 'abc'" in capsys.readouterr().err
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["earlier.parquet"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv", "no_y.csv", "out"]
+
+
+def test_the_previous_output_is_kept_until_the_new_one_is_in_place(tmp_path):
+    """The last step of a Spark run moves its output into place; when that move fails (here
+    the job wrote nothing), the previous output is still there."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "earlier.parquet").write_text("kept")
+    with pytest.raises(FileNotFoundError), _replaced_on_success(str(out)):
+        pass
+    assert (out / "earlier.parquet").read_text() == "kept"
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    with _replaced_on_success(str(out)) as written:
+        Path(written).mkdir()
+        (Path(written) / "part-0.parquet").write_text("new")
+    assert [p.name for p in out.iterdir()] == ["part-0.parquet"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
 @pytest.mark.parametrize("freq", ["D", "h"])

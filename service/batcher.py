@@ -166,13 +166,28 @@ class MicroBatcher(Generic[T]):
         self.metrics.batch_series.observe(size)
         self.metrics.batch_requests.observe(len(batch))
         items = [p.item for p in batch]
-        loop = asyncio.get_running_loop()
+        running = asyncio.get_running_loop().run_in_executor(self._executor, self.process, items)
         try:
             with self.metrics.inference_seconds.time():
-                results = await loop.run_in_executor(self._executor, self.process, items)
+                results = await self._outcome(running, len(batch))
+        except asyncio.CancelledError:
+            # Stopping while the pass runs: its callers are still waiting, so the pass is
+            # finished and answered before the collector ends.
+            self._answer(batch, await self._outcome(running, len(batch)))
+            raise
+        self._answer(batch, results)
+
+    @staticmethod
+    async def _outcome(running: asyncio.Future[list[Any]], n: int) -> list[Any]:
+        """The results of a forward pass, or its error once per item when it failed whole."""
+        try:
+            return await asyncio.shield(running)
         except Exception as exc:  # the batch as a whole failed: every caller gets the error
-            logger.exception("inference batch of %d requests failed", len(batch))
-            results = [exc] * len(batch)
+            logger.exception("inference batch of %d requests failed", n)
+            return [exc] * n
+
+    @staticmethod
+    def _answer(batch: list[_Pending[T]], results: list[Any]) -> None:
         for pending, result in zip(batch, results, strict=True):
             if pending.future.done():
                 continue

@@ -323,3 +323,28 @@ def test_a_request_that_would_overflow_the_batch_waits_for_the_next_one():
     results, seen = asyncio.run(main())
     assert results == [30, 20, 10]
     assert seen == [[3], [2, 1]]
+
+
+def test_stopping_while_a_batch_runs_answers_its_callers_with_their_forecasts():
+    """The service's shutdown cancels the collector, possibly in the middle of a forward pass:
+    that pass is finished and its callers get their results, not an endless wait."""
+    started, release = threading.Event(), threading.Event()
+
+    def process(items):
+        started.set()
+        release.wait(10)
+        return [i * 10 for i in items]
+
+    async def main():
+        batcher = MicroBatcher(process, max_batch_size=8, max_wait_s=0.05, metrics=ServiceMetrics())
+        in_flight = [asyncio.ensure_future(batcher.submit(i, 1)) for i in (1, 2)]
+        await asyncio.sleep(0)
+        batcher.start()
+        await asyncio.to_thread(started.wait, 10)
+        stopping = asyncio.ensure_future(batcher.stop())
+        await asyncio.sleep(0.05)
+        release.set()
+        await asyncio.wait_for(stopping, 10)
+        return await asyncio.wait_for(asyncio.gather(*in_flight), 1)
+
+    assert asyncio.run(main()) == [10, 20]

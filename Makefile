@@ -7,16 +7,19 @@ BIN := $(VENV)/bin
 # wheel (find-links) pip takes it, elsewhere PyPI's default build (CUDA on Linux).
 # Override for another build, e.g. TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126".
 TORCH_SPEC ?= torch==2.13.0
+# Installs under the versions the tests last passed with; empty (make venv CONSTRAINTS=) takes
+# the newest releases, to update constraints.txt from.
+CONSTRAINTS ?= -c constraints.txt
 # Where `make demo` serves (another port when 8000 is taken: make demo PORT=8001).
 PORT ?= 8000
 
 .PHONY: venv demo test lint bench clean
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q $(TORCH_SPEC)
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q $(CONSTRAINTS) -e ".[dev]"
 	touch $@
 
 venv: $(BIN)/.installed

@@ -262,28 +262,56 @@ def mase_scales(
             f"history: missing columns {missing}; present: {list(map(str, history.columns))}",
             field=missing[0],
         )
-    ids = forecasts[ID].astype("str").to_numpy()
-    first_forecast = pd.Series(forecasts[TIME].to_numpy()).groupby(ids).min()
-    hist_ids = history[ID].astype("str").to_numpy()
-    cut = first_forecast.reindex(hist_ids).to_numpy()
-    keep = history[TIME].to_numpy() < cut  # NaT (series never forecast) compares False
-    hist = pd.DataFrame(
-        {
-            ID: hist_ids[keep],
-            TIME: history[TIME].to_numpy()[keep],
-            TARGET: history[TARGET].to_numpy(np.float64)[keep],
-        }
-    )
+    # Series as integer codes (ids compared as text, as everywhere): hashing and sorting
+    # Python strings cost most of a monitoring run over tens of millions of logged rows.
+    hist_codes, series = pd.factorize(history[ID].astype("str"))
+    hist_times = history[TIME].to_numpy(dtype="datetime64[ns]")
     # Lags are rows: each series in time order (a missing timestamp is a NaN row in
     # validated frames, so a row is a step).
-    hist = hist.sort_values([ID, TIME], kind="stable").reset_index(drop=True)
-    if not len(hist):
-        return np.full(len(forecasts), np.nan)
-    sorted_ids = hist[ID].to_numpy()
-    starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
-    series, offsets = sorted_ids[starts], np.append(starts, len(hist))
-    scales = panel_mase_scales(hist[TARGET].to_numpy(), offsets, season_length, seasonal_only)
-    return pd.Series(scales, index=series).reindex(ids).to_numpy()
+    order = np.lexsort((hist_times, hist_codes))
+    return coded_mase_scales(
+        series.get_indexer(forecasts[ID].astype("str")),
+        forecasts[TIME].to_numpy(dtype="datetime64[ns]"),
+        hist_codes[order],
+        hist_times[order],
+        history[TARGET].to_numpy(np.float64)[order],
+        len(series),
+        season_length,
+        seasonal_only,
+    )
+
+
+def coded_mase_scales(
+    codes: np.ndarray,
+    times: np.ndarray,
+    hist_codes: np.ndarray,
+    hist_times: np.ndarray,
+    hist_values: np.ndarray,
+    n_series: int,
+    season_length: int,
+    seasonal_only: bool = False,
+) -> np.ndarray:
+    """`mase_scales` with the series as integer codes in [0, n_series) (-1: none), for a
+    caller that scales several sets of forecasts against one history.
+
+    `codes` and `times` (datetime64[ns]) are the forecast rows'; `hist_codes`, `hist_times`
+    and `hist_values` the history's rows, sorted by series and, within each, by time.
+    """
+    nat = np.iinfo(np.int64).min
+    first = np.full(n_series + 1, np.iinfo(np.int64).max)  # the last slot takes the -1s
+    np.minimum.at(first, codes, times.view(np.int64))
+    hist_times = hist_times.view(np.int64)
+    # A series never forecast keeps nothing; neither do missing ids and times (NaT).
+    keep = (hist_times < first[hist_codes]) & (hist_codes >= 0) & (hist_times != nat)
+    kept_codes = hist_codes[keep]
+    if not len(kept_codes):
+        return np.full(len(codes), np.nan)
+    starts = np.flatnonzero(np.r_[True, kept_codes[1:] != kept_codes[:-1]])
+    offsets = np.append(starts, len(kept_codes))
+    scales = panel_mase_scales(hist_values[keep], offsets, season_length, seasonal_only)
+    by_code = np.full(n_series + 1, np.nan)
+    by_code[kept_codes[starts]] = scales
+    return by_code[codes]
 
 
 def metric_by_group(

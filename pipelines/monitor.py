@@ -29,7 +29,7 @@ from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from forecaster.metrics import mase_scales
+from forecaster.metrics import coded_mase_scales
 from forecaster.plotting import plot_metric_over_time
 from forecaster.time_axis import season_length
 from forecaster.validation import ID, TARGET, TIME
@@ -110,32 +110,57 @@ def score(log: pd.DataFrame, actuals: pd.DataFrame, season: int) -> Realised:
         actuals: long frame (``unique_id``, ``ds``, ``y``); missing ``y`` is not scored.
         season: MASE's seasonal lag.
     """
-    # Missing values stay rows: a row is a step for the seasonal differences of the scale.
-    history = pd.DataFrame(
-        {
-            ID: actuals[ID].astype("str").to_numpy(),
-            TIME: actuals[TIME].to_numpy(dtype="datetime64[ns]"),
-            TARGET: actuals[TARGET].to_numpy(np.float64),
-        }
+    # Series as integer codes from here on: joins and groupings over tens of millions of
+    # logged rows on text ids took minutes (benchmarks.forecast_log). Missing values stay
+    # rows: a row is a step for the seasonal differences of the scale.
+    codes, series = pd.factorize(actuals[ID].astype("str"))
+    times = actuals[TIME].to_numpy(dtype="datetime64[ns]")
+    values = actuals[TARGET].to_numpy(np.float64)
+    observed = ~np.isnan(values)
+    truth = pd.DataFrame(
+        {"_series": codes[observed], TIME: times[observed], TARGET: values[observed]}
     )
-    truth = history.dropna(subset=[TARGET])
-    rows = log.assign(**{ID: log[ID].astype("str")})
-    scored = rows.merge(truth, on=[ID, TIME], how="inner").reset_index(drop=True)
+    log_codes = series.get_indexer(log[ID].astype("str"))  # -1: no actual of that series
+    rows = log.assign(**{ID: log[ID].astype("str"), "_series": log_codes})[log_codes >= 0]
+    scored = rows.merge(truth, on=["_series", TIME], how="inner").reset_index(drop=True)
     if not len(scored):
-        return Realised({}, scored.assign(scaled_error=pd.Series(dtype="float64")))
+        empty = scored.drop(columns="_series")
+        return Realised({}, empty.assign(scaled_error=pd.Series(dtype="float64")))
+    scored_codes = scored.pop("_series").to_numpy()
     # Each version's series scaled by the history before that version's own first forecast,
     # seasonally (as its backtest MASE is): another version's rows must not move its verdict.
     # Forecasts too early for the data to hold a season of history before them (a feed that
     # keeps its last days, and a champion that has served longer) are not scaled: the first
     # one after such a history starts the scored stretch. Left unscaled, every series' MASE
     # was undefined and read as "not degraded", whatever the errors.
-    positions = history.groupby(ID, sort=False).cumcount().to_numpy()
-    earliest = history.loc[positions == season + 1].set_index(ID)[TIME]
-    first_scalable = earliest.reindex(scored[ID].to_numpy()).to_numpy(dtype="datetime64[ns]")
-    scalable = scored[TIME].to_numpy(dtype="datetime64[ns]") >= first_scalable  # NaT: never
+    order = np.argsort(codes, kind="stable")  # each series' rows as given
+    hist_codes, hist_times, hist_values = codes[order], times[order], values[order]
+    starts = np.flatnonzero(np.r_[True, hist_codes[1:] != hist_codes[:-1]])
+    lengths = np.diff(np.append(starts, len(order)))
+    earliest = np.full(len(series), np.datetime64("NaT"), dtype="datetime64[ns]")
+    long_enough = (lengths > season + 1) & (hist_codes[starts] >= 0)  # -1: a missing id
+    earliest[hist_codes[starts[long_enough]]] = hist_times[starts[long_enough] + season + 1]
+    scored_times = scored[TIME].to_numpy(dtype="datetime64[ns]")
+    scalable = scored_times >= earliest[scored_codes]  # NaT: never
+    # The scale reads each series in time order (a row is a step of validated frames).
+    by_time = np.lexsort((hist_times, hist_codes))
+    hist_codes, hist_times, hist_values = (
+        a[by_time] for a in (hist_codes, hist_times, hist_values)
+    )
     scale = np.full(len(scored), np.nan)
-    for _, group in scored[scalable].groupby("model_version", sort=False):
-        scale[group.index] = mase_scales(group, history, season, seasonal_only=True)
+    versions = pd.factorize(scored["model_version"])[0]
+    for version in np.unique(versions[scalable]):
+        rows_of = np.flatnonzero(scalable & (versions == version))
+        scale[rows_of] = coded_mase_scales(
+            scored_codes[rows_of],
+            scored_times[rows_of],
+            hist_codes,
+            hist_times,
+            hist_values,
+            len(series),
+            season,
+            seasonal_only=True,
+        )
     scored = scored.assign(scaled_error=np.abs(scored[TARGET] - scored["mean"]) / scale)
     inside = (scored[TARGET] >= scored["lower"]) & (scored[TARGET] <= scored["upper"])
     has_interval = scored["lower"].notna() & scored["upper"].notna()

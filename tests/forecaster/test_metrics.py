@@ -191,6 +191,32 @@ def test_the_frame_and_the_array_mase_scales_are_one_definition():
     assert seasonal[0] == pytest.approx(scales[0]) and np.isnan(seasonal[1:]).all()
 
 
+def test_mase_scales_read_each_series_up_to_its_own_first_forecast():
+    """Against the definition series by series: the scale reads the history before that
+    series' earliest forecast timestamp, in time order whatever the rows' order; a series
+    with no history, or none before its first forecast, has no scale."""
+    rng = np.random.default_rng(1)
+    rows, forecast_rows, expected = [], [], {}
+    for k in range(12):
+        n = int(rng.integers(0, 60))
+        ds = pd.date_range("2024-01-01", periods=n, freq="h")
+        y = rng.normal(size=n).round(1)
+        rows.append(pd.DataFrame({"unique_id": f"s{k}", "ds": ds, "y": y}))
+        first = pd.Timestamp("2024-01-01") + pd.Timedelta(hours=int(rng.integers(0, 70)))
+        later = first + pd.to_timedelta(rng.integers(0, 30, 3), "h")
+        forecast_rows += [(f"s{k}", t) for t in (*later, first)]
+        before = y[ds < first]
+        expected[f"s{k}"] = mase_scale(before, 5) if len(before) else np.nan
+    forecast_rows.append(("never_seen", pd.Timestamp("2024-02-01")))
+    expected["never_seen"] = np.nan
+    history = pd.concat(rows).sample(frac=1.0, random_state=0)
+    forecasts = pd.DataFrame(forecast_rows, columns=["unique_id", "ds"])
+    scales = mase_scales(forecasts, history, season_length=5)
+    want = forecasts["unique_id"].map(expected).to_numpy(np.float64)
+    np.testing.assert_allclose(scales, want, equal_nan=True)
+    assert np.isfinite(scales).sum() > len(scales) // 2  # most series have a scale
+
+
 def test_smape_is_the_m4_definition_for_negative_values():
     """The denominator is |y| + |y_hat|, not |y + y_hat|: opposite signs are the worst
     forecast (200), not a 0/0 counted as perfect."""

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from forecaster.outputs import ForecastArrays, no_glitches
@@ -136,6 +137,33 @@ def test_each_row_carries_its_own_series_origin_and_timestamp():
     assert frame["origin"].tolist() == [by_id[u] for u in frame["unique_id"].astype(str)]
     expected = frame["origin"] + pd.to_timedelta(frame["step"], unit="h")
     assert (frame["ds"] == expected).all()
+
+
+def _logged_at(table, when: str):
+    at = table.schema.get_field_index("logged_at")
+    stamps = pa.array([pd.Timestamp(when, tz="UTC")] * table.num_rows, table.schema[at].type)
+    return table.set_column(at, "logged_at", stamps)
+
+
+def test_the_latest_logged_row_of_a_forecast_wins_and_rows_come_in_order(tmp_path):
+    """Which repeat counts is decided by when it was logged, not by the file it landed in
+    (a batch job hands its staged rows over after the service logged later ones); on a tie
+    the one written last wins. Rows come by version, series, origin and step, as text."""
+    log = ForecastLog(tmp_path / "log")
+    log.append(_logged_at(_rows(version="9", ids=("b", "a"), offset=2.0), "2024-01-02 10:00"))
+    log.flush()
+    log.append(_logged_at(_rows(version="9", ids=("b", "a"), offset=1.0), "2024-01-02 09:00"))
+    log.append(_logged_at(_rows(version="10", offset=1.0), "2024-01-02 09:00"))
+    log.flush()
+    log.append(_logged_at(_rows(version="10", offset=3.0), "2024-01-02 09:00"))
+    log.flush()
+    frame = read_log(tmp_path / "log")
+    assert frame["model_version"].tolist() == ["10"] * 6 + ["9"] * 6
+    assert frame["unique_id"].tolist() == (["a"] * 3 + ["b"] * 3) * 2
+    assert frame["step"].tolist() == [1, 2, 3] * 4
+    latest_9 = _forecast(ids=("b", "a"), offset=2.0).mean[::-1].reshape(-1)  # a first
+    expected = np.concatenate([_forecast(offset=3.0).mean.reshape(-1), latest_9])
+    np.testing.assert_allclose(frame["mean"], expected)
 
 
 def test_forecasts_of_other_versions_or_origins_are_not_duplicates(tmp_path):

@@ -303,7 +303,9 @@ def read_log(directory: str | Path, *, model_name: str | None = None) -> pd.Data
     for column in _TEXT_COLUMNS:
         at = table.schema.get_field_index(column)
         table = table.set_column(at, column, pc.cast(table[column], pa.string()))
-    return table.to_pandas().astype({c: "str" for c in _TEXT_COLUMNS})
+    # Column by column, each freed from Arrow once converted: not the log twice in memory.
+    frame = table.to_pandas(split_blocks=True, self_destruct=True)
+    return frame.astype({c: "str" for c in _TEXT_COLUMNS})
 
 
 def _latest_in_order(table: pa.Table) -> np.ndarray:

@@ -166,6 +166,57 @@ def test_the_latest_logged_row_of_a_forecast_wins_and_rows_come_in_order(tmp_pat
     np.testing.assert_allclose(frame["mean"], expected)
 
 
+def _reference_read(directory) -> pd.DataFrame:
+    """read_log's contract in plain pandas: the latest logged of each forecast (the last
+    written on a tie), by version, series, origin, step and model name."""
+    files = sorted(Path(directory).glob("part-*.parquet"))
+    frame = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    text = ["model_name", "model_version", "unique_id"]
+    frame = frame.astype({c: "str" for c in text})
+    key = ["model_version", "unique_id", "origin", "step", "model_name"]
+    frame = frame.sort_values("logged_at", kind="stable").drop_duplicates(key, keep="last")
+    return frame.sort_values(key, kind="stable").reset_index(drop=True)
+
+
+def test_read_log_equals_its_definition_on_a_log_of_many_repeats(tmp_path):
+    """Many files, each with its own dictionary order, with forecasts repeated within and
+    across them and logging times that tie."""
+    rng = np.random.default_rng(0)
+    log = ForecastLog(tmp_path / "log", retention_days=None)
+    for file in range(6):
+        n = int(rng.integers(1, 400))
+        table = _rows()
+        columns = {
+            "model_name": (["m", "other"], 2),
+            "model_version": (["9", "10", "2"], 3),
+            "unique_id": (["x", "é", "Z", "y1"][:: 1 if file % 2 else -1], 4),
+        }
+        data = {
+            name: pa.DictionaryArray.from_arrays(
+                pa.array(rng.integers(0, k, n).astype(np.int32)), pa.array(values)
+            )
+            for name, (values, k) in columns.items()
+        }
+        hours = rng.integers(0, 3, n).astype("timedelta64[h]")
+        data["origin"] = pa.array((ORIGIN + hours).astype("datetime64[ns]"))
+        data["step"] = pa.array(rng.integers(1, 4, n).astype(np.int32))
+        data["ds"] = pa.array((ORIGIN + hours + np.timedelta64(1, "h")).astype("datetime64[ns]"))
+        for name in ("mean", "lower", "upper"):
+            data[name] = pa.array(rng.random(n))
+        data["level"] = pa.array(np.full(n, 0.8))
+        millis = rng.integers(0, 3, n).astype("timedelta64[ms]")
+        data["logged_at"] = pa.array(
+            np.datetime64("2024-01-02T00:00:00.000") + millis, table.schema.field("logged_at").type
+        )
+        log.append(pa.table(data, schema=table.schema))
+        log.flush()
+    expected = _reference_read(tmp_path / "log")
+    assert 100 < len(expected) < 6 * 200  # repeats were dropped
+    pd.testing.assert_frame_equal(read_log(tmp_path / "log"), expected)
+    only_m = expected[expected["model_name"] == "m"].reset_index(drop=True)
+    pd.testing.assert_frame_equal(read_log(tmp_path / "log", model_name="m"), only_m)
+
+
 def test_forecasts_of_other_versions_or_origins_are_not_duplicates(tmp_path):
     """Only the same forecast logged twice counts once: two versions forecasting the same
     steps, and one version forecasting again from a later origin, are all kept."""

@@ -233,9 +233,8 @@ def test_a_batch_that_fails_as_a_whole_fails_each_of_its_callers_and_the_next_ba
     assert after == "forecast b"
 
 
-def test_a_caller_that_times_out_while_its_batch_runs_spoils_nothing_for_the_others():
-    """A request past its timeout stops waiting while the forward pass holding it finishes;
-    the other callers in that batch still get their results, and the batcher goes on."""
+def _held_batcher() -> tuple[MicroBatcher, threading.Event, threading.Event]:
+    """A batcher whose forward pass sets `started` and then waits for `release`."""
     started, release = threading.Event(), threading.Event()
 
     def process(items):
@@ -243,8 +242,16 @@ def test_a_caller_that_times_out_while_its_batch_runs_spoils_nothing_for_the_oth
         release.wait(10)
         return [i * 10 for i in items]
 
+    batcher = MicroBatcher(process, max_batch_size=8, max_wait_s=0.05, metrics=ServiceMetrics())
+    return batcher, started, release
+
+
+def test_a_caller_that_times_out_while_its_batch_runs_spoils_nothing_for_the_others():
+    """A request past its timeout stops waiting while the forward pass holding it finishes;
+    the other callers in that batch still get their results, and the batcher goes on."""
+    batcher, started, release = _held_batcher()
+
     async def main():
-        batcher = MicroBatcher(process, max_batch_size=8, max_wait_s=0.05, metrics=ServiceMetrics())
         doomed = asyncio.ensure_future(batcher.submit(1, 1))
         kept = asyncio.ensure_future(batcher.submit(2, 1))
         await asyncio.sleep(0)
@@ -328,15 +335,9 @@ def test_a_request_that_would_overflow_the_batch_waits_for_the_next_one():
 def test_stopping_while_a_batch_runs_answers_its_callers_with_their_forecasts():
     """The service's shutdown cancels the collector, possibly in the middle of a forward pass:
     that pass is finished and its callers get their results, not an endless wait."""
-    started, release = threading.Event(), threading.Event()
-
-    def process(items):
-        started.set()
-        release.wait(10)
-        return [i * 10 for i in items]
+    batcher, started, release = _held_batcher()
 
     async def main():
-        batcher = MicroBatcher(process, max_batch_size=8, max_wait_s=0.05, metrics=ServiceMetrics())
         in_flight = [asyncio.ensure_future(batcher.submit(i, 1)) for i in (1, 2)]
         await asyncio.sleep(0)
         batcher.start()

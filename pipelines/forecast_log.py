@@ -23,10 +23,12 @@ import logging
 import math
 import os
 import shutil
+import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -264,10 +266,36 @@ def prune(directory: str | Path, retention_days: float) -> int:
 def empty_log() -> pd.DataFrame:
     """A log frame without rows (no log configured, or nothing logged yet)."""
     frame = SCHEMA.empty_table().to_pandas()
-    return frame.astype({c: "str" for c in ("model_name", "model_version", "unique_id")})
+    return frame.astype({c: "str" for c in TEXT_COLUMNS})
 
 
-_TEXT_COLUMNS = ("model_name", "model_version", "unique_id")
+TEXT_COLUMNS = ("model_name", "model_version", "unique_id")
+# The schema of coded rows: each text column an index into the sorted distinct values.
+_CODED = pa.schema(
+    [
+        pa.field(c, pa.int32()) if c in TEXT_COLUMNS else f
+        for c, f in zip(SCHEMA.names, SCHEMA, strict=True)
+    ]
+)
+
+
+@dataclass(frozen=True)
+class CodedLog:
+    """Rows of the log with each text column as integer codes into the sorted distinct values
+    of the whole log read (so a code's order is its text's order, in every part)."""
+
+    rows: pd.DataFrame  # the columns of SCHEMA; model_name, model_version, unique_id: int32
+    names: np.ndarray  # model names, sorted (str)
+    versions: np.ndarray  # model versions, sorted (str)
+    series: np.ndarray  # series ids, sorted (str)
+
+    def decoded(self) -> pd.DataFrame:
+        """The rows with their text columns as text (`read_log`'s frame)."""
+        text = {"model_name": self.names, "model_version": self.versions, "unique_id": self.series}
+        frame = self.rows.copy()
+        for column, values in text.items():
+            frame[column] = pd.Series(values[frame[column].to_numpy()], dtype="str")
+        return frame
 
 
 def read_log(directory: str | Path, *, model_name: str | None = None) -> pd.DataFrame:
@@ -276,47 +304,138 @@ def read_log(directory: str | Path, *, model_name: str | None = None) -> pd.Data
     The same forecast logged twice (a client asking again, a resumed batch job) counts once:
     rows are unique per version, series, origin and step, the latest kept. The rows are in
     order of version, series, origin and step.
+    """
+    parts = list(read_log_parts(directory, model_name=model_name))
+    return parts[0].decoded() if parts else empty_log()
 
-    The filter runs in the Parquet reader, and the deduplication and the order on integer
-    codes of the text columns, so that pandas gets the result alone: every retrain reads a
-    log that holds tens of millions of rows (benchmarks.forecast_log).
+
+def read_log_parts(
+    directory: str | Path,
+    *,
+    model_name: str | None = None,
+    max_rows: int | None = None,
+    spill_dir: str | Path | None = None,
+) -> Iterator[CodedLog]:
+    """`read_log`'s rows in parts of about ``max_rows`` logged rows (all in one part when
+    None), each part the rows of a range of series, so that a consumer that works series by
+    series (scoring) holds one part at a time; nothing when the log holds no row.
+
+    Each part is deduplicated and ordered as `read_log` is; its series come after the previous
+    part's. With more than one part the rows are first sorted into one file per part under
+    ``spill_dir`` (the system's temporary directory by default; about 70 bytes a row), read
+    back one at a time: memory then grows with the part, not with the log, which every
+    retrain reads whole (benchmarks.forecast_log). The files go when the iteration ends.
     """
     files = sorted(Path(directory).glob(f"{_PREFIX}*{_SUFFIX}"))
     filters = None if model_name is None else [("model_name", "=", model_name)]
-    tables = []
+    # First pass, the text columns alone: their distinct values (codes in text order across
+    # files, whose dictionaries differ) and the rows of each series (where parts end).
+    seen: dict[str, list[np.ndarray]] = {c: [] for c in TEXT_COLUMNS}
+    counts, readable = [], []
     for path in files:
-        try:
-            tables.append(pq.read_table(path, schema=SCHEMA, filters=filters))
-        except FileNotFoundError:  # pruned while we listed
+        table = _read(path, list(TEXT_COLUMNS), filters)
+        if table is None or not table.num_rows:
             continue
-        except (pa.ArrowException, OSError) as exc:
-            # Writers rename complete files into place, so this is a file put there by hand;
-            # one bad file must not stop every later retrain.
-            logger.warning("forecast log: skipped unreadable file %s: %s", path, exc)
-    if not tables:
-        return empty_log()
-    table = pa.concat_tables(tables).unify_dictionaries()
-    del tables  # their buffers go with the table's once its rows are taken
-    if not table.num_rows:
-        return empty_log()
-    table = table.take(pa.array(_latest_in_order(table)))
-    for column in _TEXT_COLUMNS:
-        at = table.schema.get_field_index(column)
-        table = table.set_column(at, column, pc.cast(table[column], pa.string()))
-    # Column by column, each freed from Arrow once converted: not the log twice in memory.
-    frame = table.to_pandas(split_blocks=True, self_destruct=True)
-    return frame.astype({c: "str" for c in _TEXT_COLUMNS})
+        readable.append(path)
+        for column in TEXT_COLUMNS:
+            values, indices = _dictionary(table[column])
+            seen[column].append(values)
+            if column == "unique_id":
+                counts.append((values, np.bincount(indices, minlength=len(values))))
+    if not readable:
+        return
+    names, versions, series = (np.unique(np.concatenate(seen[c])) for c in TEXT_COLUMNS)
+    del seen
+    rows_of = np.zeros(len(series), dtype=np.int64)
+    for values, n in counts:
+        np.add.at(rows_of, np.searchsorted(series, values), n)
+    del counts
+    limit = rows_of.sum() if max_rows is None else max(1, max_rows)
+    # A series' rows in the part where its last row falls: parts of about `limit` rows.
+    part_of = np.unique((np.cumsum(rows_of) - 1) // limit, return_inverse=True)[1]
+    sorted_values = {"model_name": names, "model_version": versions, "unique_id": series}
+
+    def coded(path: Path) -> pa.Table | None:
+        table = _read(path, None, filters)  # None: pruned since the first pass
+        if table is None or not table.num_rows:
+            return None
+        columns = []
+        for column in SCHEMA.names:
+            if column in TEXT_COLUMNS:
+                values, indices = _dictionary(table[column])
+                to_code = np.searchsorted(sorted_values[column], values).astype(np.int32)
+                columns.append(pa.array(to_code[indices]))
+            else:
+                columns.append(table[column])
+        return pa.table(columns, schema=_CODED)
+
+    def part(table: pa.Table) -> CodedLog:
+        rows = table.take(pa.array(_latest_in_order(table))).to_pandas(self_destruct=True)
+        return CodedLog(rows, names, versions, series)
+
+    if part_of[-1] == 0:  # one part: read in memory
+        tables = [t for t in map(coded, readable) if t is not None]
+        if tables:
+            yield part(pa.concat_tables(tables))
+        return
+    with tempfile.TemporaryDirectory(dir=spill_dir, prefix="forecast-log-") as spill:
+        paths = [Path(spill) / f"{p}.arrow" for p in range(part_of[-1] + 1)]
+        writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
+        try:
+            for path in readable:
+                table = coded(path)
+                if table is None:
+                    continue
+                # The file's rows by part, in the order written (ties are broken by it).
+                parts = part_of[table["unique_id"].to_numpy()]
+                order = np.argsort(parts, kind="stable")
+                bounds = np.searchsorted(parts[order], np.arange(len(paths) + 1))
+                for p in np.flatnonzero(np.diff(bounds)):
+                    if p not in writers:
+                        writers[p] = pa.ipc.new_file(paths[p], _CODED)
+                    writers[p].write_table(table.take(pa.array(order[bounds[p] : bounds[p + 1]])))
+        finally:
+            for writer in writers.values():
+                writer.close()
+        for p in sorted(writers):
+            with pa.OSFile(str(paths[p])) as source:
+                table = pa.ipc.open_file(source).read_all()
+            paths[p].unlink()
+            yield part(table)
+
+
+def _read(path: Path, columns: list[str] | None, filters) -> pa.Table | None:
+    """One log file's rows (of `columns`), dictionaries unified; None when it is gone or
+    unreadable."""
+    try:
+        table = pq.read_table(path, columns=columns, schema=SCHEMA, filters=filters)
+    except FileNotFoundError:  # pruned while we listed
+        return None
+    except (pa.ArrowException, OSError) as exc:
+        # Writers rename complete files into place, so this is a file put there by hand;
+        # one bad file must not stop every later retrain.
+        logger.warning("forecast log: skipped unreadable file %s: %s", path, exc)
+        return None
+    return table.unify_dictionaries()
+
+
+def _dictionary(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """A dictionary column of one file as its values (str) and each row's index into them
+    (nulls, which writers never write, as the first value)."""
+    chunks = [chunk for chunk in column.chunks if len(chunk)]
+    values = np.asarray(chunks[0].dictionary.to_pylist(), dtype=str)
+    indices = [pc.fill_null(chunk.indices, 0).to_numpy() for chunk in chunks]
+    return values, np.concatenate(indices)
 
 
 def _latest_in_order(table: pa.Table) -> np.ndarray:
-    """Row numbers of `table`: the latest row of each forecast logged more than once, every
+    """Row numbers of coded rows: the latest row of each forecast logged more than once, every
     forecast in order of version, series, origin and step (then model name).
 
     One sort puts each forecast's rows together in the order they were logged (rows of a tie
     in the order written), and the last of each is kept. Its own function so that the sort's
-    arrays are freed before the rows are taken: a log of 14 million rows peaked at 5.7 GB
-    with them alive, 4.3 GB without."""
-    name, version, series = (_text_ranks(table[c]) for c in _TEXT_COLUMNS)
+    arrays are freed before the rows are taken."""
+    name, version, series = (table[c].to_numpy() for c in TEXT_COLUMNS)
     origin, step, logged = (_int64(table[c]) for c in ("origin", "step", "logged_at"))
     # np.lexsort sorts by its last key first, and keeps the order written on a tie.
     order = np.lexsort((logged, name, step, origin, series, version))
@@ -333,13 +452,3 @@ def _int64(column: pa.ChunkedArray) -> np.ndarray:
     smallest value)."""
     values = pc.fill_null(column.cast(pa.int64()), np.iinfo(np.int64).min)
     return np.concatenate([chunk.to_numpy() for chunk in values.chunks])
-
-
-def _text_ranks(column: pa.ChunkedArray) -> np.ndarray:
-    """Each row's place in the sorted distinct values of a dictionary column whose chunks
-    share one dictionary (`Table.unify_dictionaries`)."""
-    dictionary = np.asarray(column.chunk(0).dictionary.to_pylist(), dtype=str)
-    rank = np.empty(len(dictionary), dtype=np.int64)
-    rank[np.argsort(dictionary, kind="stable")] = np.arange(len(dictionary))
-    indices = [pc.fill_null(chunk.indices, 0).to_numpy() for chunk in column.chunks]
-    return rank[np.concatenate(indices)]

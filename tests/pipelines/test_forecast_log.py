@@ -13,7 +13,7 @@ import pytest
 
 from forecaster.outputs import ForecastArrays, no_glitches
 from pipelines import forecast_log
-from pipelines.forecast_log import ForecastLog, read_log, records
+from pipelines.forecast_log import ForecastLog, read_log, read_log_parts, records
 
 ORIGIN = np.datetime64("2024-01-01T23:00", "ns")
 
@@ -178,11 +178,11 @@ def _reference_read(directory) -> pd.DataFrame:
     return frame.sort_values(key, kind="stable").reset_index(drop=True)
 
 
-def test_read_log_equals_its_definition_on_a_log_of_many_repeats(tmp_path):
+def _write_many_repeats(directory: Path) -> None:
     """Many files, each with its own dictionary order, with forecasts repeated within and
     across them and logging times that tie."""
     rng = np.random.default_rng(0)
-    log = ForecastLog(tmp_path / "log", retention_days=None)
+    log = ForecastLog(directory, retention_days=None)
     for file in range(6):
         n = int(rng.integers(1, 400))
         table = _rows()
@@ -210,11 +210,45 @@ def test_read_log_equals_its_definition_on_a_log_of_many_repeats(tmp_path):
         )
         log.append(pa.table(data, schema=table.schema))
         log.flush()
+
+
+def test_read_log_equals_its_definition_on_a_log_of_many_repeats(tmp_path):
+    _write_many_repeats(tmp_path / "log")
     expected = _reference_read(tmp_path / "log")
     assert 100 < len(expected) < 6 * 200  # repeats were dropped
     pd.testing.assert_frame_equal(read_log(tmp_path / "log"), expected)
     only_m = expected[expected["model_name"] == "m"].reset_index(drop=True)
     pd.testing.assert_frame_equal(read_log(tmp_path / "log", model_name="m"), only_m)
+
+
+@pytest.mark.parametrize("max_rows", [1, 150, 10_000])
+def test_the_log_read_in_parts_is_the_log_read_whole_series_by_series(tmp_path, max_rows):
+    """Monitoring reads the log part by part to hold one part in memory: together the parts
+    are the log (the same rows, repeats dropped the same way), a series is never split
+    between parts, and the files parts were sorted into are gone once they are read."""
+    _write_many_repeats(tmp_path / "log")
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    parts = [
+        part.decoded()
+        for part in read_log_parts(tmp_path / "log", max_rows=max_rows, spill_dir=spill)
+    ]
+    assert len(parts) == {1: 4, 150: 4, 10_000: 1}[max_rows]  # 4 series, about 700 rows
+    whole = read_log(tmp_path / "log")
+    key = ["model_version", "unique_id", "origin", "step", "model_name"]
+    together = pd.concat(parts, ignore_index=True).sort_values(key, kind="stable")
+    pd.testing.assert_frame_equal(together.reset_index(drop=True), whole)
+    ids = [set(part["unique_id"]) for part in parts]
+    assert sum(map(len, ids)) == len(set().union(*ids))
+    assert not any(spill.iterdir())
+
+
+def test_a_log_with_no_rows_of_the_model_reads_as_no_part(tmp_path):
+    log = ForecastLog(tmp_path / "log")
+    log.append(_rows())
+    log.flush()
+    assert list(read_log_parts(tmp_path / "log", model_name="another", max_rows=1)) == []
+    assert read_log(tmp_path / "log", model_name="another").empty
 
 
 def test_forecasts_of_other_versions_or_origins_are_not_duplicates(tmp_path):

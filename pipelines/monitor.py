@@ -7,6 +7,10 @@ scored forecast) and the coverage of the logged interval. The champion is *degra
 realised MASE exceeds its backtest MASE (the ``backtest.mase`` version tag) by more than
 ``degradation_tolerance``, over at least ``degradation_min_points`` scored points.
 
+The log is read and scored in parts of whole series (``PART_ROWS`` rows), and only sums per
+version and series are kept between parts: a retrain's memory follows a part and its data,
+not the log it reads (benchmarks.forecast_log).
+
 Logged to the run: ``realised/v<N>/<metric>`` per version and ``realised/champion/<metric>``
 (the UI charts these across runs), the plot ``monitoring/realised_accuracy.png`` (realised
 MASE by forecast origin, one line per version), the per-version table, and the
@@ -20,6 +24,7 @@ import logging
 import math
 import tempfile
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +38,7 @@ from forecaster.metrics import coded_mase_scales
 from forecaster.plotting import plot_metric_over_time
 from forecaster.time_axis import season_length
 from forecaster.validation import ID, TARGET, TIME
-from pipelines.forecast_log import empty_log, read_log
+from pipelines.forecast_log import TEXT_COLUMNS, CodedLog, read_log_parts
 from pipelines.ingest import IngestResult
 from pipelines.registry import CHAMPION
 
@@ -46,6 +51,10 @@ BACKTEST_MASE = "backtest.mase"
 BACKTEST_MASE_BY_STEP = "backtest.mase_by_step"
 # At most this many points on the plot's time axis; more origins are binned by day.
 _MAX_PLOT_ORIGINS = 60
+# The log is scored in parts of about this many rows, whole series each (under 1 GB of
+# memory a part; benchmarks.forecast_log): a retrain's memory then stays flat in the log's
+# size, and smaller parts bought no speed.
+PART_ROWS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -77,10 +86,17 @@ class VersionAccuracy:
 
 @dataclass(frozen=True)
 class Realised:
-    """Every version's realised accuracy and the scored rows behind it."""
+    """Every version's realised accuracy, and the sums behind its plot and comparisons."""
 
     versions: dict[str, VersionAccuracy]
-    scored: pd.DataFrame  # log rows with their actual `y` and row-wise `scaled_error`
+    # Per version and origin, the sum and count of the scaled errors that are not NaN: what
+    # the plot of realised MASE by origin is drawn from.
+    by_origin: pd.DataFrame  # columns model_version, origin, scaled, n
+    # The backtest MASE at the steps each version given one was logged at, averaged the way
+    # its realised MASE is (`score`'s by_step); a version absent: none known.
+    at_steps: dict[str, float] = field(default_factory=dict)
+    log_rows: int = 0  # logged forecast rows read
+    scored_rows: int = 0  # of which an actual was observed
 
 
 @dataclass(frozen=True)
@@ -102,97 +118,245 @@ class MonitorResult:
         return self.realised.versions.get(self.champion_version)
 
 
-def score(log: pd.DataFrame, actuals: pd.DataFrame, season: int) -> Realised:
+def score(
+    log: pd.DataFrame,
+    actuals: pd.DataFrame,
+    season: int,
+    by_step: Mapping[str, Sequence[float]] | None = None,
+) -> Realised:
     """Join logged forecasts with observed values and score each version.
 
     Args:
         log: rows of ``read_log``.
         actuals: long frame (``unique_id``, ``ds``, ``y``); missing ``y`` is not scored.
         season: MASE's seasonal lag.
+        by_step: per version, its backtest MASE at each step ahead, to be averaged over the
+            steps its scored rows were logged at (``Realised.at_steps``).
     """
-    # Series as integer codes from here on: joins and groupings over tens of millions of
-    # logged rows on text ids took minutes (benchmarks.forecast_log). Missing values stay
-    # rows: a row is a step for the seasonal differences of the scale.
-    codes, series = pd.factorize(actuals[ID].astype("str"))
-    times = actuals[TIME].to_numpy(dtype="datetime64[ns]")
-    values = actuals[TARGET].to_numpy(np.float64)
-    observed = ~np.isnan(values)
-    # The join on the keys alone, then the log's rows taken once: merging the log itself
-    # held a second and a third copy of it (benchmarks.forecast_log).
-    truth = pd.DataFrame({"_series": codes[observed], TIME: times[observed]})
-    log_times = log[TIME].to_numpy(dtype="datetime64[ns]")
-    keys = pd.DataFrame(
-        {"_series": series.get_indexer(log[ID].astype("str")), TIME: log_times}  # -1: none
-    )
-    pairs = keys.reset_index(names="_row").merge(
-        truth.reset_index(names="_actual"), on=["_series", TIME], how="inner"
-    )  # in the log's order (an inner merge keeps the left keys' order)
-    taken = pairs["_row"].to_numpy()
-    scored = log.take(taken).reset_index(drop=True)
-    scored = scored.assign(**{ID: scored[ID].astype("str"), TIME: log_times[taken]})
-    scored[TARGET] = values[observed][pairs["_actual"].to_numpy()]
-    if not len(scored):
-        return Realised({}, scored.assign(scaled_error=pd.Series(dtype="float64")))
-    scored_codes = pairs["_series"].to_numpy()
-    del keys, pairs, truth, taken
-    # Each version's series scaled by the history before that version's own first forecast,
-    # seasonally (as its backtest MASE is): another version's rows must not move its verdict.
-    # Forecasts too early for the data to hold a season of history before them (a feed that
-    # keeps its last days, and a champion that has served longer) are not scaled: the first
-    # one after such a history starts the scored stretch. Left unscaled, every series' MASE
-    # was undefined and read as "not degraded", whatever the errors.
-    order = np.argsort(codes, kind="stable")  # each series' rows as given
-    hist_codes, hist_times, hist_values = codes[order], times[order], values[order]
-    starts = np.flatnonzero(np.r_[True, hist_codes[1:] != hist_codes[:-1]])
-    lengths = np.diff(np.append(starts, len(order)))
-    earliest = np.full(len(series), np.datetime64("NaT"), dtype="datetime64[ns]")
-    long_enough = (lengths > season + 1) & (hist_codes[starts] >= 0)  # -1: a missing id
-    earliest[hist_codes[starts[long_enough]]] = hist_times[starts[long_enough] + season + 1]
-    scored_times = scored[TIME].to_numpy(dtype="datetime64[ns]")
-    scalable = scored_times >= earliest[scored_codes]  # NaT: never
-    # The scale reads each series in time order (a row is a step of validated frames).
-    by_time = np.lexsort((hist_times, hist_codes))
-    hist_codes, hist_times, hist_values = (
-        a[by_time] for a in (hist_codes, hist_times, hist_values)
-    )
-    scale = np.full(len(scored), np.nan)
-    versions = pd.factorize(scored["model_version"])[0]
-    for version in np.unique(versions[scalable]):
-        rows_of = np.flatnonzero(scalable & (versions == version))
-        scale[rows_of] = coded_mase_scales(
-            scored_codes[rows_of],
-            scored_times[rows_of],
-            hist_codes,
-            hist_times,
-            hist_values,
-            len(series),
-            season,
+    text = {}
+    for column in TEXT_COLUMNS:
+        codes, values = pd.factorize(log[column].astype("str"), sort=True)
+        text[column] = (codes.astype(np.int32), values.to_numpy(dtype=str))
+    rows = log.assign(**{c: codes for c, (codes, _) in text.items()})
+    coded = CodedLog(rows, *(values for _, values in text.values()))
+    return score_parts([coded] if len(log) else [], actuals, season, by_step)
+
+
+def score_parts(
+    parts: Iterable[CodedLog],
+    actuals: pd.DataFrame,
+    season: int,
+    by_step: Mapping[str, Sequence[float]] | None = None,
+) -> Realised:
+    """`score` over the log read in parts of whole series (``read_log_parts``): what is kept
+    between parts is sums per version and series, so memory follows the part, not the log."""
+    history = _History(actuals, season)
+    tallies, ids, to_actual = [], None, np.empty(0, dtype=np.intp)
+    for part in parts:
+        if part.series is not ids:  # parts of one read share their ids: looked up once
+            ids, to_actual = part.series, history.series.get_indexer(part.series)
+        tallies.append(_tally(part, to_actual, history, by_step or {}))
+    return _realised(tallies)
+
+
+class _History:
+    """The actuals, sorted once for every part's join and seasonal scale."""
+
+    def __init__(self, actuals: pd.DataFrame, season: int):
+        # Series as integer codes from here on: joins and groupings over tens of millions of
+        # logged rows on text ids took minutes (benchmarks.forecast_log). Missing values stay
+        # rows: a row is a step for the seasonal differences of the scale.
+        codes, self.series = pd.factorize(actuals[ID].astype("str"))
+        times = actuals[TIME].to_numpy(dtype="datetime64[ns]")
+        order = np.lexsort((times, codes))  # each series in time order
+        self.codes, self.times = codes[order], times[order]
+        self.values = actuals[TARGET].to_numpy(np.float64)[order]
+        self.season = season
+        n = len(self.series)
+        self.bounds = np.searchsorted(self.codes, np.arange(n + 1))  # series c: [c], [c + 1]
+        # The join's key, a series and a time as one integer: (series, rank of its time).
+        valid = (self.codes >= 0) & ~np.isnat(self.times)
+        self.instants = np.unique(self.times[valid])
+        ranks = np.searchsorted(self.instants, self.times[valid])
+        keys = self.codes[valid].astype(np.int64) * len(self.instants) + ranks
+        observed = ~np.isnan(self.values[valid])
+        self.keys, self.rows = keys[observed], np.flatnonzero(valid)[observed]  # keys sorted
+        # Forecasts too early for the data to hold a season of history before them (a feed
+        # that keeps its last days, and a champion that has served longer) are not scaled:
+        # the first one after such a history starts the scored stretch. Left unscaled, every
+        # series' MASE was undefined and read as "not degraded", whatever the errors.
+        lengths = np.diff(self.bounds)
+        long_enough = np.flatnonzero(lengths > season + 1)
+        self.earliest = np.full(n + 1, np.datetime64("NaT"), dtype="datetime64[ns]")  # -1: NaT
+        self.earliest[long_enough] = self.times[self.bounds[long_enough] + season + 1]
+
+    def find(self, codes: np.ndarray, times: np.ndarray) -> np.ndarray:
+        """The row of each (series code, time) with an observed value; -1 where none."""
+        rows = np.full(len(codes), -1)
+        if not len(self.keys):
+            return rows
+        ranks = np.searchsorted(self.instants, times)
+        known = (codes >= 0) & (ranks < len(self.instants))
+        known[known] = self.instants[ranks[known]] == times[known]
+        keys = codes[known].astype(np.int64) * len(self.instants) + ranks[known]
+        place = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
+        match = self.keys[place] == keys
+        rows[np.flatnonzero(known)[match]] = self.rows[place[match]]
+        return rows
+
+    def scales(self, codes: np.ndarray, times: np.ndarray) -> np.ndarray:
+        """Each forecast row's seasonal scale from its series' history before the first of
+        `codes`' rows of that series."""
+        low, high = codes.min(), codes.max()
+        rows = slice(self.bounds[low], self.bounds[high + 1])  # only the series asked for
+        return coded_mase_scales(
+            codes - low,
+            times,
+            self.codes[rows] - low,
+            self.times[rows],
+            self.values[rows],
+            high - low + 1,
+            self.season,
             seasonal_only=True,
         )
-    scored = scored.assign(scaled_error=np.abs(scored[TARGET] - scored["mean"]) / scale)
-    inside = (scored[TARGET] >= scored["lower"]) & (scored[TARGET] <= scored["upper"])
-    has_interval = scored["lower"].notna() & scored["upper"].notna()
-    versions = {}
-    for version, group in scored.groupby("model_version", sort=True):
-        mase_values = group.groupby(ID, sort=False)["scaled_error"].mean().to_numpy()
-        with_interval = has_interval[group.index]
+
+
+_EMPTY_SERIES = pd.DataFrame(
+    columns=["model_version", "series", "points", "error", "scaled", "scaled_n", "expected"]
+    + ["expected_n", "first_ds", "last_ds"]
+)
+_EMPTY_LEVELS = pd.DataFrame(columns=["model_version", "level", "n", "inside"])
+_EMPTY_ORIGINS = pd.DataFrame(columns=["model_version", "origin", "scaled", "n"])
+
+
+@dataclass(frozen=True)
+class _Tally:
+    """One part's sums: per version and series, per version and interval level, per version
+    and origin (versions as text)."""
+
+    series: pd.DataFrame
+    levels: pd.DataFrame
+    origins: pd.DataFrame
+    log_rows: int
+
+
+def _tally(
+    part: CodedLog,
+    to_actual: np.ndarray,
+    history: _History,
+    by_step: Mapping[str, Sequence[float]],
+) -> _Tally:
+    """The sums of one part's rows; `to_actual` maps its series codes to the history's."""
+    rows = part.rows
+    codes = to_actual[rows[ID].to_numpy()]  # -1: a series with no actuals
+    found = history.find(codes, rows[TIME].to_numpy(dtype="datetime64[ns]"))
+    hit = np.flatnonzero(found >= 0)
+    if not len(hit):
+        return _Tally(_EMPTY_SERIES, _EMPTY_LEVELS, _EMPTY_ORIGINS, log_rows=len(rows))
+    codes, found = codes[hit], found[hit]
+    times = history.times[found]
+    versions = rows["model_version"].to_numpy()[hit]
+    y = history.values[found]
+    error = np.abs(y - rows["mean"].to_numpy(np.float64)[hit])
+    # Each version's series scaled by the history before that version's own first forecast,
+    # seasonally (as its backtest MASE is): another version's rows must not move its verdict.
+    scale = np.full(len(hit), np.nan)
+    scalable = times >= history.earliest[codes]  # NaT: never
+    for version in np.unique(versions[scalable]):
+        of = np.flatnonzero(scalable & (versions == version))
+        scale[of] = history.scales(codes[of], times[of])
+    lower, upper = (rows[c].to_numpy(np.float64)[hit] for c in ("lower", "upper"))
+    steps = rows["step"].to_numpy(np.int64)[hit]
+    scored = pd.DataFrame(
+        {
+            "model_version": versions,
+            "series": codes,
+            "origin": rows["origin"].to_numpy()[hit],
+            TIME: times,
+            "error": error,
+            "scaled": error / scale,
+            "level": rows["level"].to_numpy(np.float64)[hit],
+            "inside": (y >= lower) & (y <= upper),
+            "has_interval": ~np.isnan(lower) & ~np.isnan(upper),
+            "expected": np.nan,
+        }
+    )
+    # The backtest's MASE at each row's step, on the rows the realised MASE counts.
+    for version, values in by_step.items():
+        code = np.searchsorted(part.versions, version)
+        if code == len(part.versions) or part.versions[code] != version:
+            continue  # not in this part
+        table = np.asarray(values, dtype=np.float64)
+        of = (versions == code) & np.isfinite(scored["scaled"].to_numpy()) & (steps >= 1)
+        of &= steps <= len(table)
+        scored.loc[of, "expected"] = table[steps[of] - 1]
+    per_series = scored.groupby(["model_version", "series"], sort=False).agg(
+        points=("error", "size"),
+        error=("error", "sum"),
+        scaled=("scaled", "sum"),
+        scaled_n=("scaled", "count"),
+        expected=("expected", "sum"),
+        expected_n=("expected", "count"),
+        first_ds=(TIME, "min"),
+        last_ds=(TIME, "max"),
+    )
+    levels = (
+        scored[scored["has_interval"]]
+        .groupby(["model_version", "level"], sort=False)
+        .agg(n=("inside", "size"), inside=("inside", "sum"))
+    )
+    origins = scored.groupby(["model_version", "origin"], sort=False).agg(
+        scaled=("scaled", "sum"), n=("scaled", "count")
+    )
+    tallies = [t.reset_index() for t in (per_series, levels, origins)]
+    for t in tallies:  # parts share their version codes; text keeps the sums apart anyway
+        t["model_version"] = part.versions[t["model_version"].to_numpy()]
+    return _Tally(*tallies, log_rows=len(rows))
+
+
+def _realised(tallies: list[_Tally]) -> Realised:
+    log_rows = sum(t.log_rows for t in tallies)
+    if not any(len(t.series) for t in tallies):
+        return Realised({}, _EMPTY_ORIGINS, log_rows=log_rows)
+    tallies = [t for t in tallies if len(t.series)]  # parts with rows scored
+    series = pd.concat([t.series for t in tallies], ignore_index=True)  # parts: other series
+    levels = pd.concat([t.levels for t in tallies]).groupby(["model_version", "level"]).sum()
+    by_origin = (
+        pd.concat([t.origins for t in tallies])
+        .groupby(["model_version", "origin"], sort=True)
+        .sum()
+        .reset_index()
+    )
+    versions, at_steps = {}, {}
+    for version, group in series.groupby("model_version", sort=True):
+        # MASE per series over the rows with a scale, then the mean over the series.
+        mase_values = (group["scaled"] / group["scaled_n"].where(group["scaled_n"] > 0)).to_numpy()
         # Coverage of one nominal level, the one most rows were logged with: bands of other
         # levels (a client asking for 0.5-0.9) would blend into a figure of no level.
-        levels = group["level"][with_interval]
-        level = float(levels.mode().max()) if len(levels) else math.nan
-        nominal = with_interval & (group["level"] == level)
+        coverage = level = math.nan
+        if version in levels.index.get_level_values(0):
+            counts = levels.loc[version]
+            level = float(counts.index[counts["n"] == counts["n"].max()].max())
+            coverage = float(counts.loc[level, "inside"] / counts.loc[level, "n"])
+        points = int(group["points"].sum())
         versions[str(version)] = VersionAccuracy(
             version=str(version),
-            mae=float(np.mean(np.abs(group[TARGET] - group["mean"]))),
+            mae=float(group["error"].sum() / points),
             mase=float(np.nanmean(mase_values)) if np.isfinite(mase_values).any() else math.nan,
-            coverage=float(inside[group.index][nominal].mean()) if nominal.any() else math.nan,
+            coverage=coverage,
             level=level,
-            points=len(group),
-            series=int(group[ID].nunique()),
-            first_ds=pd.Timestamp(group[TIME].min()),
-            last_ds=pd.Timestamp(group[TIME].max()),
+            points=points,
+            series=len(group),
+            first_ds=pd.Timestamp(group["first_ds"].min()),
+            last_ds=pd.Timestamp(group["last_ds"].max()),
         )
-    return Realised(versions, scored)
+        known = group["expected_n"] > 0
+        if known.any():
+            expected = (group["expected"][known] / group["expected_n"][known]).mean()
+            if math.isfinite(expected):
+                at_steps[str(version)] = float(expected)
+    scored_rows = int(series["points"].sum())
+    return Realised(versions, by_origin, at_steps, log_rows, scored_rows)
 
 
 def degradation(
@@ -244,30 +408,31 @@ def monitor(
     A missing or empty log is not an error: nothing has been forecast yet.
     """
     started = time.perf_counter()
-    log = read_log(log_dir, model_name=model_name) if log_dir is not None else empty_log()
-    if log_dir is not None and not Path(log_dir).is_dir():
-        # Before the service's first start this is expected; after it, a wrong path would
-        # read as a healthy champion for good.
-        logger.warning(
-            "forecast log %s does not exist: nothing scored (the service's FORECAST_LOG_DIR "
-            "and this forecast_log must name the same directory)",
-            log_dir,
-        )
-    realised = score(log, data.frame, season_length(data.freq))
-    if len(log) and not len(realised.scored):
+    champion, backtest_mase, by_step = _champion(client, model_name)
+    parts = []
+    if log_dir is not None:
+        parts = read_log_parts(log_dir, model_name=model_name, max_rows=PART_ROWS)
+        if not Path(log_dir).is_dir():
+            # Before the service's first start this is expected; after it, a wrong path
+            # would read as a healthy champion for good.
+            logger.warning(
+                "forecast log %s does not exist: nothing scored (the service's "
+                "FORECAST_LOG_DIR and this forecast_log must name the same directory)",
+                log_dir,
+            )
+    steps = {champion: by_step} if champion is not None and by_step else {}
+    realised = score_parts(parts, data.frame, season_length(data.freq), steps)
+    if realised.log_rows and not realised.scored_rows:
         logger.warning(
             "none of the %d logged forecast row(s) matches an observed value in the data "
             "(other series ids, or timestamps it does not reach yet): nothing scored",
-            len(log),
+            realised.log_rows,
         )
-    champion, backtest_mase, by_step = _champion(client, model_name)
     basis = "backtest"
-    if champion in realised.versions and by_step:
+    if champion in realised.at_steps:
         # Errors grow with the step: traffic asking for the first steps alone is held to the
         # backtest's accuracy at those steps, not to its mean over the whole horizon.
-        at_steps = _at_logged_steps(realised.scored, champion, by_step)
-        if at_steps is not None:
-            backtest_mase, basis = at_steps, "backtest at the logged steps"
+        backtest_mase, basis = realised.at_steps[champion], "backtest at the logged steps"
     degraded, reason = degradation(
         realised.versions.get(champion) if champion else None,
         backtest_mase,
@@ -285,7 +450,7 @@ def monitor(
         backtest_mase,
         degraded,
         reason,
-        log_rows=len(log),
+        log_rows=realised.log_rows,
         versions=sorted(realised.versions, key=_version_key),
     )
     _log(result, client, run_id, model_name)
@@ -305,7 +470,11 @@ def monitor(
             accuracy.series,
             accuracy.last_ds,
         )
-    logger.info("scored %d logged forecast rows in %.1fs", len(log), time.perf_counter() - started)
+    logger.info(
+        "scored %d logged forecast rows in %.1fs",
+        realised.log_rows,
+        time.perf_counter() - started,
+    )
     return result
 
 
@@ -334,24 +503,6 @@ def _champion(
     except ValueError:
         backtest, by_step = None, ()
     return str(version.version), backtest, by_step
-
-
-def _at_logged_steps(
-    scored: pd.DataFrame, version: str, by_step: tuple[float, ...]
-) -> float | None:
-    """The backtest MASE of the steps `version`'s scored rows were logged at, averaged the way
-    the realised MASE is (per series, then over the series, over the rows that have a scale);
-    None when none is known."""
-    # A row without a scale (too little history before it) is not in the realised MASE, so
-    # its step must not weigh in what that MASE is compared with.
-    rows = scored[(scored["model_version"] == version) & np.isfinite(scored["scaled_error"])]
-    steps = rows["step"].to_numpy(dtype=np.int64)
-    known = (steps >= 1) & (steps <= len(by_step))
-    expected = np.full(len(rows), np.nan)
-    expected[known] = np.asarray(by_step, dtype=np.float64)[steps[known] - 1]
-    per_series = pd.Series(expected).groupby(rows[ID].to_numpy()).mean()
-    value = float(per_series.mean())
-    return value if math.isfinite(value) else None
 
 
 def _log(result: MonitorResult, client: MlflowClient, run_id: str, model_name: str) -> None:
@@ -396,7 +547,7 @@ def _log(result: MonitorResult, client: MlflowClient, run_id: str, model_name: s
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "realised_accuracy.png"
         plot_metric_over_time(
-            _by_origin(result.realised.scored),
+            _by_origin(result.realised.by_origin),
             path,
             title="Realised MASE of logged forecasts, by forecast origin",
             ylabel="MASE",
@@ -409,14 +560,15 @@ def _log(result: MonitorResult, client: MlflowClient, run_id: str, model_name: s
         )
 
 
-def _by_origin(scored: pd.DataFrame) -> pd.DataFrame:
+def _by_origin(by_origin: pd.DataFrame) -> pd.DataFrame:
     """Mean scaled error per version and origin (by day when there are many origins)."""
-    origin = scored["origin"]
+    origin = by_origin["origin"]
     if origin.nunique() > _MAX_PLOT_ORIGINS:
         origin = origin.dt.floor("D")
-    grouped = (
-        scored.assign(time=origin, group="v" + scored["model_version"].astype(str))
-        .groupby(["group", "time"], sort=True)["scaled_error"]
-        .mean()
+    sums = (
+        by_origin.assign(time=origin, group="v" + by_origin["model_version"].astype(str))
+        .groupby(["group", "time"], sort=True)[["scaled", "n"]]
+        .sum()
     )
-    return grouped.rename("value").reset_index()
+    value = sums["scaled"] / sums["n"].where(sums["n"] > 0)
+    return value.rename("value").reset_index()

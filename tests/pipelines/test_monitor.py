@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 from datetime import datetime, timedelta
@@ -336,21 +337,30 @@ def test_short_horizon_traffic_is_held_to_the_backtest_at_its_steps():
     """Realised MASE of horizon-1 forecasts was compared with the backtest's mean over the
     whole horizon: 0.58 read as healthy beside 0.55, though the first step's backtest MASE
     was 0.25."""
-    from pipelines.monitor import _at_logged_steps
-
-    scored = pd.DataFrame(
+    actuals = pd.DataFrame(
         {
-            "model_version": ["2"] * 5 + ["1"],
-            "unique_id": ["a", "a", "b", "b", "c", "a"],
-            "step": [1, 1, 1, 3, 3, 2],
-            # c has no scale yet (too little history), so the realised MASE leaves it out
-            "scaled_error": [1.0, 1.0, 1.0, 1.0, math.nan, 1.0],
+            "unique_id": ["a"] * 7 + ["b"] * 7 + ["c"] * 2,
+            "ds": list(T) * 2 + list(T[5:]),
+            "y": [0.0, 1, 2, 3, 4, 5, 6] * 2 + [0.0, 0],
         }
+    )
+    log = pd.concat(
+        [
+            _log_rows("2", "a", 4, [6]),
+            _log_rows("2", "a", 5, [7]),
+            _log_rows("2", "b", 3, [5, 6, 7]).query("step != 2"),
+            # c has no scale yet (too little history), so the realised MASE leaves it out
+            _log_rows("2", "c", 5, [1]).assign(step=3),
+            _log_rows("1", "a", 3, [5, 6]).query("step == 2"),
+        ],
+        ignore_index=True,
     )
     by_step = (0.25, 0.5, 0.75)
     # a: 0.25; b: (0.25 + 0.75) / 2 = 0.5; the mean over series 0.375 (with c: 0.5)
-    assert _at_logged_steps(scored, "2", by_step) == pytest.approx(0.375)
-    assert _at_logged_steps(scored, "2", ()) is None
+    realised = score(log, actuals, season=1, by_step={"2": by_step, "3": by_step})
+    assert realised.at_steps == {"2": pytest.approx(0.375)}
+    assert realised.versions["2"].mase == pytest.approx(1.0)
+    assert score(log, actuals, season=1).at_steps == {}
     verdict, reason = degradation(
         _accuracy(0.58), 0.25, tolerance=0.3, min_points=50, basis="backtest at the logged steps"
     )
@@ -445,3 +455,55 @@ def test_each_version_is_reported_under_its_own_name(store, tmp_path, data_csv):
     other = client.get_model_version("forecaster", "2").tags
     assert float(other["realised.mae"]) == pytest.approx(2.0)
     assert "realised.degraded" not in other
+
+
+@pytest.mark.parametrize("max_rows", [1, 40])
+def test_the_log_scored_in_parts_scores_as_the_log_scored_whole(tmp_path, max_rows):
+    """A retrain scores the log part by part (a few series at a time) to keep its memory
+    flat: every figure must be the one scoring the whole log gives. The log has repeats,
+    two interval levels, series the data lacks, gaps and series too short for a scale."""
+    from pipelines.forecast_log import ForecastLog, read_log_parts
+    from pipelines.monitor import score_parts
+
+    rng = np.random.default_rng(0)
+    hours = pd.date_range("2024-01-01", periods=60, freq="h")
+    ids = [f"s{i}" for i in range(9)]
+    actuals = pd.DataFrame(
+        {"unique_id": np.repeat(ids[:8], 60), "ds": np.tile(hours, 8), "y": rng.random(480)}
+    )
+    actuals.loc[rng.random(480) < 0.1, "y"] = np.nan
+    actuals = actuals[~((actuals["unique_id"] == "s7") & (actuals["ds"] < hours[50]))]
+    log = ForecastLog(tmp_path / "log", retention_days=None)
+    for origin in range(20, 56, 3):
+        for version in ("1", "2", "10"):
+            chosen = rng.choice(ids, 5, replace=False)
+            arrays = ForecastArrays(
+                series_ids=chosen.astype(object),
+                origins=np.full(5, hours[origin]),
+                timestamps=np.tile(hours[origin + 1 : origin + 5].to_numpy(), (5, 1))[:, :4],
+                mean=rng.random((5, 4)),
+                quantiles=np.sort(rng.random((5, 4, 2)) * 2 - 0.5, axis=-1),
+                levels=(0.1, 0.9) if origin % 2 else (0.25, 0.75),
+                glitches=no_glitches(5),
+            )
+            log.append(records(arrays, model_name="forecaster", model_version=version))
+            if version == "1":  # asked again: the later forecast counts
+                again = dataclasses.replace(arrays, mean=arrays.mean + 0.5)
+                log.append(records(again, model_name="forecaster", model_version=version))
+        log.flush()
+    by_step = {"2": (0.5, 0.6, 0.7, 0.8)}
+    whole = score(read_log(tmp_path / "log"), actuals, season=2, by_step=by_step)
+    parts = read_log_parts(tmp_path / "log", max_rows=max_rows)
+    in_parts = score_parts(parts, actuals, season=2, by_step=by_step)
+    assert set(whole.versions) == {"1", "2", "10"}
+    for version, accuracy in whole.versions.items():
+        assert math.isfinite(accuracy.mase) and math.isfinite(accuracy.coverage)
+        assert in_parts.versions[version] == dataclasses.replace(
+            accuracy,
+            mae=pytest.approx(accuracy.mae),
+            mase=pytest.approx(accuracy.mase),
+            coverage=pytest.approx(accuracy.coverage),
+        )
+    assert in_parts.at_steps == pytest.approx(whole.at_steps)
+    assert (in_parts.log_rows, in_parts.scored_rows) == (whole.log_rows, whole.scored_rows)
+    pd.testing.assert_frame_equal(in_parts.by_origin, whole.by_origin)

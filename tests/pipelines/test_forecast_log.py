@@ -229,10 +229,10 @@ def test_the_log_read_in_parts_is_the_log_read_whole_series_by_series(tmp_path, 
     _write_many_repeats(tmp_path / "log")
     spill = tmp_path / "spill"
     spill.mkdir()
-    parts = [
-        part.decoded()
-        for part in read_log_parts(tmp_path / "log", max_rows=max_rows, spill_dir=spill)
-    ]
+    parts, left = [], []
+    for part in read_log_parts(tmp_path / "log", max_rows=max_rows, spill_dir=spill):
+        parts.append(part.decoded())
+        left.append(len([*spill.glob("*/*.arrow")]))  # a part's file goes once it is read
     assert len(parts) == {1: 4, 150: 4, 10_000: 1}[max_rows]  # 4 series, about 700 rows
     whole = read_log(tmp_path / "log")
     key = ["model_version", "unique_id", "origin", "step", "model_name"]
@@ -240,6 +240,7 @@ def test_the_log_read_in_parts_is_the_log_read_whole_series_by_series(tmp_path, 
     pd.testing.assert_frame_equal(together.reset_index(drop=True), whole)
     ids = [set(part["unique_id"]) for part in parts]
     assert sum(map(len, ids)) == len(set().union(*ids))
+    assert left == ([3, 2, 1, 0] if len(parts) > 1 else [0])
     assert not any(spill.iterdir())
 
 

@@ -67,7 +67,7 @@ def test_scores_match_a_hand_computation():
     assert v1.coverage == pytest.approx(3 / 5)  # a: 5 in [3, 5]; b: 6 in [5, 7] twice
     assert v1.level == pytest.approx(0.8)
     assert (v1.points, v1.series) == (5, 2)
-    assert v1.last_ds == T[6]
+    assert (v1.first_ds, v1.last_ds) == (T[4], T[6])
     assert (v2.mae, v2.mase, v2.points) == (0.0, 0.0, 1)
     assert math.isnan(v2.coverage)
 
@@ -109,12 +109,27 @@ def test_coverage_is_of_one_nominal_level():
     accuracy = score(pd.concat([wide, narrow], ignore_index=True), actuals, season=1)
     assert accuracy.versions["1"].level == pytest.approx(0.8)
     assert accuracy.versions["1"].coverage == 1.0
+    # As many rows at each level: the wider band's coverage is the one reported.
+    tied = _log_rows("1", "a", 3, [4, 5, 6], lower=[5, 5, 5], upper=[6, 6, 6]).assign(level=0.4)
+    tie = score(pd.concat([wide, tied], ignore_index=True), actuals, season=1).versions["1"]
+    assert (tie.level, tie.coverage) == (pytest.approx(0.8), 1.0)
 
 
 def test_nothing_observed_yet_scores_nothing():
     log = _log_rows("1", "a", 3, [4, 4])
     actuals = pd.DataFrame({"unique_id": ["a"] * 4, "ds": T[:4], "y": [0.0, 1, 2, 3]})
     assert score(log, actuals, season=1).versions == {}
+
+
+def test_a_forecast_between_observed_timestamps_is_not_scored():
+    """A forecast for 01:30 of hourly data (a model of another frequency logging to the same
+    directory) has no actual: it must not be joined to the next hour's."""
+    actuals = pd.DataFrame({"unique_id": "a", "ds": T, "y": [0.0, 1, 2, 3, 4, 5, 6]})
+    log = _log_rows("1", "a", 3, [4, 5])
+    half_hours = log.assign(ds=log["ds"] + pd.Timedelta("30min"), model_version="2")
+    realised = score(pd.concat([log, half_hours], ignore_index=True), actuals, season=1)
+    assert list(realised.versions) == ["1"]
+    assert realised.scored_rows == 2 and realised.log_rows == 4
 
 
 def _accuracy(mase: float, points: int = 100) -> VersionAccuracy:
@@ -346,6 +361,7 @@ def test_short_horizon_traffic_is_held_to_the_backtest_at_its_steps():
     )
     log = pd.concat(
         [
+            _log_rows("2", "a", 3, [5]),
             _log_rows("2", "a", 4, [6]),
             _log_rows("2", "a", 5, [7]),
             _log_rows("2", "b", 3, [5, 6, 7]).query("step != 2"),
@@ -356,7 +372,8 @@ def test_short_horizon_traffic_is_held_to_the_backtest_at_its_steps():
         ignore_index=True,
     )
     by_step = (0.25, 0.5, 0.75)
-    # a: 0.25; b: (0.25 + 0.75) / 2 = 0.5; the mean over series 0.375 (with c: 0.5)
+    # a: 0.25; b: (0.25 + 0.75) / 2 = 0.5; the mean over series 0.375 (with c: 0.5; over
+    # the rows, where a's three count thrice, 0.35)
     realised = score(log, actuals, season=1, by_step={"2": by_step, "3": by_step})
     assert realised.at_steps == {"2": pytest.approx(0.375)}
     assert realised.versions["2"].mase == pytest.approx(1.0)
@@ -507,3 +524,19 @@ def test_the_log_scored_in_parts_scores_as_the_log_scored_whole(tmp_path, max_ro
     assert in_parts.at_steps == pytest.approx(whole.at_steps)
     assert (in_parts.log_rows, in_parts.scored_rows) == (whole.log_rows, whole.scored_rows)
     pd.testing.assert_frame_equal(in_parts.by_origin, whole.by_origin)
+
+
+def test_the_plot_bins_origins_by_day_only_when_there_are_many():
+    """Realised MASE by origin: each origin its own point, averaged over the rows scored; past
+    60 origins, a day's origins one point."""
+    from pipelines.monitor import _by_origin
+
+    hours = pd.date_range("2024-01-01", periods=72, freq="h")
+    sums = pd.DataFrame({"model_version": "1", "origin": hours, "scaled": 2.0, "n": 1})
+    sums.loc[0, ["scaled", "n"]] = [9.0, 3]
+    hourly = _by_origin(sums.iloc[:60])
+    assert len(hourly) == 60 and hourly["value"].iloc[0] == 3.0
+    daily = _by_origin(sums)
+    assert daily["time"].tolist() == list(pd.date_range("2024-01-01", periods=3, freq="D"))
+    assert daily["value"].tolist() == pytest.approx([(9 + 2 * 23) / 26, 2.0, 2.0])
+    assert (daily["group"] == "v1").all()

@@ -168,19 +168,23 @@ class _History:
         # rows: a row is a step for the seasonal differences of the scale.
         codes, self.series = pd.factorize(actuals[ID].astype("str"))
         times = actuals[TIME].to_numpy(dtype="datetime64[ns]")
+        values = actuals[TARGET].to_numpy(np.float64)
+        valid = (codes >= 0) & ~np.isnat(times)  # other rows can be neither joined nor scaled
+        if not valid.all():
+            codes, times, values = codes[valid], times[valid], values[valid]
         order = np.lexsort((times, codes))  # each series in time order
-        self.codes, self.times = codes[order], times[order]
-        self.values = actuals[TARGET].to_numpy(np.float64)[order]
+        # Kept for every part, so kept small: 28 bytes an actual row.
+        self.codes = codes[order].astype(np.int32)
+        self.times, self.values = times[order], values[order]
+        del codes, times, values, order
         self.season = season
         n = len(self.series)
         self.bounds = np.searchsorted(self.codes, np.arange(n + 1))  # series c: [c], [c + 1]
-        # The join's key, a series and a time as one integer: (series, rank of its time).
-        valid = (self.codes >= 0) & ~np.isnat(self.times)
-        self.instants = np.unique(self.times[valid])
-        ranks = np.searchsorted(self.instants, self.times[valid])
-        keys = self.codes[valid].astype(np.int64) * len(self.instants) + ranks
-        observed = ~np.isnan(self.values[valid])
-        self.keys, self.rows = keys[observed], np.flatnonzero(valid)[observed]  # keys sorted
+        # The join's key, a series and a time as one integer, in the rows' order (by series,
+        # then time): the series times the number of distinct times, plus its time's rank.
+        self.instants = np.unique(self.times)
+        self.keys = self.codes.astype(np.int64) * len(self.instants)
+        self.keys += np.searchsorted(self.instants, self.times)
         # Forecasts too early for the data to hold a season of history before them (a feed
         # that keeps its last days, and a champion that has served longer) are not scaled:
         # the first one after such a history starts the scored stretch. Left unscaled, every
@@ -200,8 +204,8 @@ class _History:
         known[known] = self.instants[ranks[known]] == times[known]
         keys = codes[known].astype(np.int64) * len(self.instants) + ranks[known]
         place = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
-        match = self.keys[place] == keys
-        rows[np.flatnonzero(known)[match]] = self.rows[place[match]]
+        match = (self.keys[place] == keys) & ~np.isnan(self.values[place])
+        rows[np.flatnonzero(known)[match]] = place[match]
         return rows
 
     def scales(self, codes: np.ndarray, times: np.ndarray) -> np.ndarray:

@@ -7,8 +7,8 @@ new version every `--version-days` days), as the service writes it (one Parquet 
 flush, one flush a day), and the hourly actuals of those days. Prints the seconds the
 monitoring step takes to read and score the log (in parts of `--part-rows` rows, as a retrain
 does), the resident memory before it (the actuals, as a retrain holds its data) and the
-step's peak (Linux's high-water mark, reset once the actuals are built). Without `--log-dir` the log is
-written to a temporary directory (about 10 MB a million rows).
+step's peak (Linux's high-water mark, reset once the actuals are built). Without
+`--log-dir` the log is written to a temporary directory (about 10 MB a million rows).
 """
 
 from __future__ import annotations

@@ -300,6 +300,7 @@ def coded_mase_scales(
     nat = np.iinfo(np.int64).min
     first = np.full(n_series + 1, np.iinfo(np.int64).max)  # the last slot takes the -1s
     np.minimum.at(first, codes, times.view(np.int64))
+    first[first == np.iinfo(np.int64).max] = nat  # never forecast: no history time precedes it
     hist_times = hist_times.view(np.int64)
     # A series never forecast keeps nothing; neither do missing ids and times (NaT).
     keep = (hist_times < first[hist_codes]) & (hist_codes >= 0) & (hist_times != nat)

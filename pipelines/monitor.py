@@ -320,9 +320,9 @@ def _tally(
 
 def _realised(tallies: list[_Tally]) -> Realised:
     log_rows = sum(t.log_rows for t in tallies)
-    if not any(len(t.series) for t in tallies):
-        return Realised({}, _EMPTY_ORIGINS, log_rows=log_rows)
     tallies = [t for t in tallies if len(t.series)]  # parts with rows scored
+    if not tallies:
+        return Realised({}, _EMPTY_ORIGINS, log_rows=log_rows)
     series = pd.concat([t.series for t in tallies], ignore_index=True)  # parts: other series
     levels = pd.concat([t.levels for t in tallies]).groupby(["model_version", "level"]).sum()
     by_origin = (

@@ -322,9 +322,10 @@ def read_log_parts(
 
     Each part is deduplicated and ordered as `read_log` is; its series come after the previous
     part's. With more than one part the rows are first sorted into one file per part under
-    ``spill_dir`` (the system's temporary directory by default; about 70 bytes a row), read
-    back one at a time: memory then grows with the part, not with the log, which every
-    retrain reads whole (benchmarks.forecast_log). The files go when the iteration ends.
+    ``spill_dir`` (created if missing; the system's temporary directory by default; about 72
+    bytes a row), read back one at a time: memory then grows with the part, not with the log,
+    which every retrain reads whole (benchmarks.forecast_log). The files go when the
+    iteration ends.
     """
     files = sorted(Path(directory).glob(f"{_PREFIX}*{_SUFFIX}"))
     filters = None if model_name is None else [("model_name", "=", model_name)]
@@ -378,6 +379,8 @@ def read_log_parts(
         if tables:
             yield part(pa.concat_tables(tables))
         return
+    if spill_dir is not None:
+        Path(spill_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=spill_dir, prefix="forecast-log-") as spill:
         paths = [Path(spill) / f"{p}.arrow" for p in range(part_of[-1] + 1)]
         writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}

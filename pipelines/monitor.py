@@ -406,16 +406,20 @@ def monitor(
     min_points: int,
     client: MlflowClient,
     run_id: str,
+    spill_dir: str | Path | None = None,
 ) -> MonitorResult:
     """Score the forecast log against ``data``, log it to ``run_id``, tag the versions.
 
-    A missing or empty log is not an error: nothing has been forecast yet.
+    A missing or empty log is not an error: nothing has been forecast yet. A log of more than
+    ``PART_ROWS`` rows is sorted into temporary files under ``spill_dir`` (`read_log_parts`).
     """
     started = time.perf_counter()
     champion, backtest_mase, by_step = _champion(client, model_name)
     parts = []
     if log_dir is not None:
-        parts = read_log_parts(log_dir, model_name=model_name, max_rows=PART_ROWS)
+        parts = read_log_parts(
+            log_dir, model_name=model_name, max_rows=PART_ROWS, spill_dir=spill_dir
+        )
         if not Path(log_dir).is_dir():
             # Before the service's first start this is expected; after it, a wrong path
             # would read as a healthy champion for good.

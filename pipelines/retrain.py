@@ -448,6 +448,7 @@ def _monitor(settings: PipelineSettings, data: IngestResult, run: PipelineRun) -
         min_points=settings.degradation_min_points,
         client=run.client,
         run_id=run.run_id,
+        spill_dir=settings.forecast_log_spill_dir,
     )
 
 

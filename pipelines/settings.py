@@ -208,6 +208,11 @@ class PipelineSettings(BaseSettings):
     degradation_tolerance: float = Field(default=0.3, ge=0.0)
     # ... over at least this many observed forecast points (fewer say nothing yet).
     degradation_min_points: int = Field(default=50, ge=1)
+    # Where scoring sorts a log of more than a million rows into temporary files, about 72
+    # bytes a logged row (3.1 GB for 90 days of 10,000 series forecast every half hour):
+    # a disk with room for it when the system's temporary directory (TMPDIR) is small or in
+    # memory; None: that directory. Created if missing; the files go when scoring ends.
+    forecast_log_spill_dir: Path | None = None
 
     # -- schedule -------------------------------------------------------------------------
     schedule: str = "0 3 * * *"
@@ -266,6 +271,17 @@ class PipelineSettings(BaseSettings):
             raise ValueError(
                 f"expected a registered model name without '/', ':' or '@', got {value!r}"
             )
+        return value
+
+    @field_validator("forecast_log_spill_dir")
+    @classmethod
+    def _directory(cls, value: Path | None) -> Path | None:
+        # Fail at startup, not after a retrain has ingested and trained for an hour.
+        if value is None:
+            return value
+        existing = next((p for p in (value, *value.parents) if p.exists()), None)
+        if existing is not None and not existing.is_dir():
+            raise ValueError(f"expected a directory, got the file {existing}")
         return value
 
     @field_validator("forecast_log", mode="before")

@@ -424,7 +424,7 @@ def test_a_series_without_a_scale_does_not_void_the_versions_mase():
     assert (accuracy.points, accuracy.series) == (4, 2)
 
 
-def test_each_version_is_reported_under_its_own_name(store, tmp_path, data_csv):
+def test_each_version_is_reported_under_its_own_name(store, tmp_path, data_csv, monkeypatch):
     """The run's realised/champion/* are the champion's figures, the verdict tag is the
     champion's alone, and versions are listed in numeric order (10 after 2); a version
     deleted from the registry is still scored."""
@@ -472,6 +472,17 @@ def test_each_version_is_reported_under_its_own_name(store, tmp_path, data_csv):
     other = client.get_model_version("forecaster", "2").tags
     assert float(other["realised.mae"]) == pytest.approx(2.0)
     assert "realised.degraded" not in other
+
+    # A log over PART_ROWS rows is sorted into files under forecast_log_spill_dir, created
+    # where it is missing and left empty: the same figures.
+    monkeypatch.setattr("pipelines.monitor.PART_ROWS", 50)
+    spill = tmp_path / "spill" / "monitor"
+    spilled = check_champion(
+        make_settings(store, forecast_log=str(tmp_path / "log"), forecast_log_spill_dir=spill),
+        data,
+    )
+    assert [spilled.realised.versions[v].mae for v in spilled.versions] == pytest.approx([1, 2, 3])
+    assert spill.is_dir() and not any(spill.iterdir())
 
 
 @pytest.mark.parametrize("max_rows", [1, 40])

@@ -104,6 +104,19 @@ def test_invalid_settings_fail_fast_naming_the_setting(overrides, named):
         PipelineSettings.load(**overrides)
 
 
+def test_a_spill_dir_that_is_a_file_fails_at_startup(tmp_path):
+    """The monitoring step spills a large log only after a retrain has ingested and trained:
+    a file in the way failed it then."""
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    with pytest.raises(InvalidConfigError, match="forecast_log_spill_dir: .*expected a dir"):
+        PipelineSettings.load(forecast_log_spill_dir=taken / "spill")
+    with pytest.raises(InvalidConfigError, match="forecast_log_spill_dir: .*expected a dir"):
+        PipelineSettings.load(forecast_log_spill_dir=taken)
+    # Missing is fine: the step creates it.
+    assert PipelineSettings.load(forecast_log_spill_dir=tmp_path / "a" / "b").forecast_log_spill_dir
+
+
 def test_names_given_as_numbers_are_names():
     """`--set experiment=2024` reads 2024 as YAML, a number, which was refused as not a string
     while `--experiment 2024` was taken."""

@@ -362,19 +362,15 @@ class Forecaster:
         # train on. Trained on, the head would learn the smaller in-sample errors and narrow
         # the bands below what validation measured (0.1-0.9 band on the M4 Hourly holdout:
         # 77.8 % trained, 80.3 % kept; aim 80 %).
-        head = model.quantile_head
-        if head is not None:
-            head.requires_grad_(False)
         judged_state = {k: v.clone() for k, v in model.state_dict().items()}
         try:
-            tail = train_model(model, windows, None, more, warm_start=True)
+            tail = train_model(
+                model, windows, None, more, warm_start=True, frozen=model.quantile_head
+            )
         except TrainingDivergedError as exc:
             logger.warning("%s: the weights validation judged are kept, without the tail", exc)
             model.load_state_dict(judged_state)
             return judged
-        finally:
-            if head is not None:
-                head.requires_grad_(True)
         return dataclasses.replace(judged, tail=tail)
 
     # -- inference ------------------------------------------------------------------------

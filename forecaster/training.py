@@ -499,13 +499,14 @@ def train_model(
     config: TrainConfig,
     callbacks: Sequence[Callable[[EpochLog], None]] = (),
     warm_start: bool = False,
+    frozen: nn.Module | None = None,
 ) -> TrainResult:
     """Fit `model` in place on the windows of `train`, judged on those of `val`.
 
     The model ends with the weights of the epoch of lowest validation loss (epoch 0 being the
     linear start), or of the last epoch when there is no validation data. With `warm_start`
     training goes on from the model's weights, its linear start included, instead of fitting
-    the linear start first.
+    the linear start first. The weights of `frozen`, a submodule, stay as they are.
     """
     mc: ModelConfig = model.config
     clock = time.perf_counter()  # what max_train_seconds counts from
@@ -632,6 +633,11 @@ def train_model(
             loss, _ = window_loss(_float(output), batch, mc, step_weights)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            # Dropped rather than never computed (requires_grad): torch.compile guards on
+            # requires_grad and would compile the training graph again for the tail epoch.
+            # AdamW and the clipping skip a parameter without a gradient.
+            for parameter in () if frozen is None else frozen.parameters():
+                parameter.grad = None
             if config.grad_clip:
                 nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()

@@ -335,7 +335,7 @@ def test_fit_trains_the_kept_weights_on_the_held_out_tail_too(series):
     kept_head, judged_head = kept.model.quantile_head, judged.model.quantile_head
     assert torch.equal(kept_head.weight, judged_head.weight)
     assert torch.equal(kept_head.bias, judged_head.bias)
-    assert kept_head.weight.requires_grad  # frozen for the tail epochs only
+    assert kept_head.weight.requires_grad  # left trainable for whoever fine-tunes it
 
 
 def test_a_kept_linear_start_gets_no_tail_epochs(series):

@@ -128,19 +128,18 @@ def impute_left_padding(
     padded = (first > 0) & observed.any(dim=1)
     if selected is not None:
         padded = padded & selected
-    if not padded.any():
+    # Every row is solved once one is padded: no data-dependent shapes, which torch.compile
+    # would break its graph at. The early exit keeps complete batches free in eager mode.
+    if not torch.compiler.is_compiling() and not padded.any():
         return x
-    rows = x[padded]
-    design = torch.cat([torch.ones_like(rows[:, :1]), rows.flip(-1)], dim=1)  # (R, 1 + L)
+    design = torch.cat([torch.ones_like(x[:, :1]), x.flip(-1)], dim=1)  # (B, 1 + L)
     # e^T = d^T C^-T, one row per window
     innovations = torch.linalg.solve_triangular(factor.T, design, upper=True, left=False)
-    kept = torch.arange(length + 1, device=x.device) <= (length - first[padded])[:, None]
-    regressed = (innovations * kept) @ factor.T  # (R, 1 + L)
-    imputed = regressed[:, 1:].flip(-1)  # (R, L), oldest first again
-    before = torch.arange(length, device=x.device) < first[padded][:, None]
-    out = x.clone()
-    out[padded] = torch.where(before, imputed, rows)
-    return out
+    kept = torch.arange(length + 1, device=x.device) <= (length - first)[:, None]
+    regressed = (innovations * kept) @ factor.T  # (B, 1 + L)
+    imputed = regressed[:, 1:].flip(-1)  # (B, L), oldest first again
+    before = torch.arange(length, device=x.device) < first[:, None]  # (B, L)
+    return torch.where(padded[:, None] & before, imputed, x)
 
 
 def naive_forecast_maps(
@@ -325,8 +324,10 @@ class PatchTransformer(nn.Module):
         linear start reads it (training reads the padding as 0)."""
         # season_length is None only in a model saved before the field existed: last value.
         filled = fill_gaps(x, observed, self.config.season_length or 1)
-        # Without imputation (in training, or in no band) skip the triangular solves.
-        if self.training or not self.imputes_padding():
+        # Without imputation (in training, or in no band) skip the triangular solves. A
+        # compiled model reads the bands' choice from the tensors instead: the check is a
+        # host read that would break its graph.
+        if self.training or not (torch.compiler.is_compiling() or self.imputes_padding()):
             return filled
         selected = self.padding_imputed[history_band(observed)]  # (B,)
         factor = self.padding_factor.to(filled.dtype)

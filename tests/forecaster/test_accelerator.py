@@ -6,7 +6,9 @@ import dataclasses
 import shutil
 
 import numpy as np
+import pandas as pd
 import pytest
+from torch._dynamo.utils import counters
 
 from forecaster import Forecaster, ModelConfig, TrainConfig
 from tests.forecaster.conftest import TINY_MODEL, TINY_TRAIN
@@ -38,7 +40,14 @@ def test_bf16_autocast_trains_and_predicts_close_to_float32(series):
 @pytest.mark.skipif(shutil.which("cc") is None, reason="torch.compile on CPU needs a C compiler")
 def test_torch_compile_trains_and_predicts_like_eager(series):
     eager = _fit(series)
+    counters.clear()
     compiled = _fit(series, compile=True)
+    compiled.predict(series)
+    # Two graphs, each compiled once: training's (the tail epoch's, with the quantile head
+    # frozen, included) and forecasting's, with no graph break. A break or a recompile costs
+    # minutes of compilation on CPU and a host sync a batch on a GPU.
+    assert not counters["graph_break"]
+    assert counters["stats"]["unique_graphs"] == 2
     assert compiled.train_result.best_epoch == eager.train_result.best_epoch
     # Kernels fused in another order round differently, and training carries it along: two
     # epochs at the full rate and the tail epoch move the validation loss by about 0.5 % and
@@ -47,3 +56,17 @@ def test_torch_compile_trains_and_predicts_like_eager(series):
         eager.train_result.best_val_loss, rel=1e-2
     )
     assert _relative_gap(compiled.predict(series), eager.predict(series), series) < 5e-3
+
+    # The compiled forward computes what the eager one does, with the padding of a series
+    # shorter than the context imputed (every band imputing), which it does without the
+    # host reads that would break its graph.
+    newcomer = series[series["unique_id"] == series["unique_id"].iloc[0]].tail(20)
+    recent = pd.concat([series, newcomer.assign(unique_id="newcomer")], ignore_index=True)
+    compiled.model.padding_imputed.fill_(True)
+    assert compiled.model.imputes_padding()
+    by_compiled = compiled.predict(recent)
+    compiled.train_config = dataclasses.replace(compiled.train_config, compile=False)
+    by_eager = compiled.predict(recent)
+    assert _relative_gap(by_compiled, by_eager, series) < 1e-5
+    compiled.model.padding_imputed.fill_(False)  # the newcomer's forecast reads its padding
+    assert _relative_gap(compiled.predict(recent), by_eager, series) > 1e-3

@@ -254,3 +254,68 @@ def test_retrain_goes_on_when_the_first_series_is_in_a_long_outage(tmp_path, cap
     assert main(["retrain", "--config", str(cfg), "--data", str(path)]) == 0, capsys.readouterr()
     aliases = client_for(tmp_path).get_registered_model("forecaster").aliases
     assert "champion" in aliases
+
+
+def test_a_set_without_a_value_is_named(capsys):
+    assert main(["retrain", "--set", "promotion_margin"]) == 2
+    err = capsys.readouterr().err
+    assert "--set: expected KEY=VALUE (e.g. model.context_length=96), got 'promotion_margin'" in err
+
+
+def test_evaluate_without_data_says_what_to_pass(store, capsys):
+    _, cfg = store
+    assert main(["evaluate", "--config", str(cfg)]) == 2
+    assert "evaluate: pass --data PATH" in capsys.readouterr().err
+
+
+def test_the_command_line_flags_win_over_set_and_the_file(tmp_path):
+    """--tracking-uri, --experiment, --model-name and --data are the settings they name,
+    over a --set of the same setting and over the YAML file."""
+    import argparse
+
+    import yaml
+
+    from pipelines.cli import load_settings
+
+    cfg = tmp_path / "settings.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {"experiment": "file", "model_name": "file", "tracking_uri": "sqlite:///file.db"}
+        )
+    )
+    flags = {
+        "tracking_uri": f"sqlite:///{tmp_path / 'flag.db'}",
+        "experiment": "flag",
+        "model_name": "flag",
+        "data": str(tmp_path / "flag.csv"),
+    }
+    sets = ["experiment=set", "model_name=set", "data=set.csv", "tracking_uri=sqlite:///set.db"]
+    settings = load_settings(argparse.Namespace(config=str(cfg), set=sets, **flags))
+    assert settings.tracking_uri == flags["tracking_uri"]
+    assert (settings.experiment, settings.model_name) == ("flag", "flag")
+    assert str(settings.data) == flags["data"]
+    unflagged = load_settings(argparse.Namespace(config=str(cfg), set=sets))
+    assert (unflagged.experiment, unflagged.model_name) == ("set", "set")
+
+
+def test_an_interrupted_command_exits_130_in_one_line(store, tmp_path, monkeypatch, capsys):
+    """Ctrl-C (SIGINT) during a retrain: one line and the shell's exit code, no traceback."""
+    import pipelines.retrain
+
+    def interrupted(settings):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipelines.retrain, "retrain", interrupted)
+    _, cfg = store
+    assert main(["retrain", "--config", str(cfg), "--data", str(tmp_path / "d.csv")]) == 130
+    assert capsys.readouterr().err.strip() == "error: interrupted"
+
+
+def test_a_schedule_whose_run_failed_exits_1_with_its_counts(store, tmp_path, capsys):
+    """cron or a supervisor sees that the scheduled retrain failed (here: no data file)."""
+    _, cfg = store
+    argv = ["schedule", "--config", str(cfg), "--data", str(tmp_path / "nope.csv")]
+    argv += ["--set", f"lock_file={tmp_path / 'lock'}", "--max-runs", "1", "--run-now"]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "scheduler stopped after 1 run(s): 0 succeeded, 1 failed, 0 skipped, 0 healthy" in out

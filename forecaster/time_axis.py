@@ -30,8 +30,14 @@ import pandas as pd
 from pandas.tseries.frequencies import to_offset
 from pandas.tseries.offsets import (
     BaseOffset,
+    BMonthBegin,
+    BMonthEnd,
+    BQuarterBegin,
+    BQuarterEnd,
     BusinessDay,
     BusinessHour,
+    BYearBegin,
+    BYearEnd,
     CustomBusinessHour,
     MonthBegin,
     MonthEnd,
@@ -705,7 +711,7 @@ def infer_offset(
         return to_offset(f"W-{_WEEKDAYS[first.day_of_week]}")
     for low, high, months in _MONTH_SPANS:
         if low <= days <= high:
-            return _calendar_offset(first, months, str(uniques[codes[0]]))
+            return _calendar_offset(ds_i8, months, str(uniques[codes[0]]))
     return to_offset(f"{days}D")
 
 
@@ -733,28 +739,42 @@ def _semi_month_offset(ds_i8: np.ndarray) -> BaseOffset | None:
     return None
 
 
-def _calendar_offset(first: pd.Timestamp, months: int, sid: str) -> BaseOffset:
-    """Month, quarter or year offset anchored where the data is (start or end of month);
-    steps of 2, 4 or 6 months as that many months."""
-    if first.is_month_start:
-        if months == 3:
-            return to_offset(f"QS-{_MONTHS[(first.month - 1) % 3]}")
-        if months == 12:
-            return to_offset(f"YS-{_MONTHS[first.month - 1]}")
-        return to_offset(f"{months}MS" if months > 1 else "MS")
-    if first.is_month_end:
-        if months == 3:
-            return to_offset(f"QE-{_MONTHS[11 - (12 - first.month) % 3]}")
-        if months == 12:
-            return to_offset(f"YE-{_MONTHS[first.month - 1]}")
-        return to_offset(f"{months}ME" if months > 1 else "ME")
+def _calendar_offset(ds_i8: np.ndarray, months: int, sid: str) -> BaseOffset:
+    """Month, quarter or year offset anchored where most of the data is: calendar month
+    starts or ends, or the first or last business day of the month (a market's monthly close,
+    'BME'), so that validation names the timestamps off that grid; steps of 2, 4 or 6 months as
+    that many months."""
+    index, first = pd.DatetimeIndex(ds_i8), pd.Timestamp(ds_i8[0])
+    # (side, business) -> timestamps on that anchor; calendar ones first, as ties go.
+    held = {("S", ""): index.is_month_start.sum(), ("E", ""): index.is_month_end.sum()}
+    if max(held.values()) < len(index):  # business days are read only when needed: slower
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", pd.errors.PerformanceWarning)  # not vectorised
+            # n = 0 rolls a timestamp forward to the offset: one on it stays where it is.
+            held["E", "B"] = (index + 0 * BMonthEnd() == index).sum()
+            held["S", "B"] = (index + 0 * BMonthBegin() == index).sum()
+    side, business = max(held, key=held.__getitem__)
+    if held[side, business]:
+        return _month_offset(first, months, side, business)
     unit = {1: "monthly", 3: "quarterly", 12: "yearly"}.get(months, f"{months}-monthly")
     raise FrequencyInferenceError(
         f"series {sid!r} looks {unit} but its timestamps fall on day {first.day} of the month "
-        f"(e.g. {first}); expected month starts or month ends, e.g. '2024-01-01' or '2024-01-31'",
+        f"(e.g. {first}); expected month starts or month ends (calendar or business days), "
+        "e.g. '2024-01-01' or '2024-01-31'",
         series_id=sid,
         field=TIME,
     )
+
+
+def _month_offset(first: pd.Timestamp, months: int, side: str, business: str) -> BaseOffset:
+    """'MS' / 'ME' (side S or E) and their quarter and year forms anchored at `first`'s month,
+    with business 'B' the same on business days ('BME', 'BQE-DEC', ...)."""
+    if months == 3:
+        month = (first.month - 1) % 3 if side == "S" else 11 - (12 - first.month) % 3
+        return to_offset(f"{business}Q{side}-{_MONTHS[month]}")
+    if months == 12:
+        return to_offset(f"{business}Y{side}-{_MONTHS[first.month - 1]}")
+    return to_offset(f"{months if months > 1 else ''}{business}M{side}")
 
 
 # -- what a frequency implies ------------------------------------------------------------------
@@ -796,6 +816,12 @@ def season_length(freq: str) -> int:
         QuarterEnd: 4,
         YearBegin: 1,
         YearEnd: 1,
+        BMonthBegin: 12,
+        BMonthEnd: 12,
+        BQuarterBegin: 4,
+        BQuarterEnd: 4,
+        BYearBegin: 1,
+        BYearEnd: 1,
     }
     for kind, steps in per_year.items():
         if isinstance(offset, kind):

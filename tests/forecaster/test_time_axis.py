@@ -85,6 +85,11 @@ def test_calendar_features_accept_series_and_arrays():
         ("QS", 4),
         ("Q", 4),
         ("YS", 1),
+        ("BME", 12),  # business days' months, quarters and years are still months...
+        ("BMS", 12),
+        ("BQE-MAR", 4),
+        ("BYS", 1),
+        ("2BME", 6),
         ("2h", 12),
         ("min", 1440),
         ("30s", 2),

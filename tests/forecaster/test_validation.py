@@ -74,6 +74,14 @@ def set_cell(df: pd.DataFrame, row: int, column: str, value) -> pd.DataFrame:
         ("SMS-10", "2024-01-10", "SMS-10"),
         ("SME", "2024-01-15", "SME-15"),  # 15th and month end, February's included
         ("14D", "2024-01-01", "14D"),  # fortnights drift through the month: no semi-month
+        # A market's monthly close falls on the month's last business day (2024-03-29); its
+        # first ones here are calendar month ends too.
+        ("BME", "2024-01-31", "BME"),
+        ("BMS", "2024-01-01", "BMS"),  # 2024-06-03: not a calendar month start
+        ("BQE", "2024-03-29", "BQE-DEC"),
+        ("BQS", "2024-01-01", "BQS-JAN"),
+        ("BYE", "2024-12-31", "BYE-DEC"),
+        ("2BME", "2024-01-31", "2BME"),
     ],
 )
 def test_valid_frame_passes_and_frequency_is_inferred(freq, start, expected):
@@ -270,6 +278,22 @@ def test_off_anchor_point_in_calendar_data_names_its_series(allow_missing):
     with pytest.raises(IrregularTimestampsError, match="'b'.*2024-05-15") as info:
         validate_long_frame(df, freq="MS", allow_missing=allow_missing)
     assert info.value.series_id == "b"
+
+
+def test_monthly_data_off_every_anchor_is_named():
+    """Mid-month readings (the 15th) are neither calendar nor business month starts or ends,
+    and a calendar month end among business ones is off the business grid."""
+    with pytest.raises(FrequencyInferenceError, match="day 15 of the month") as info:
+        validate_long_frame(
+            frame("MS", n=12, start="2024-01-01").assign(
+                ds=lambda d: d["ds"] + pd.Timedelta(days=14)
+            )
+        )
+    assert "business days" in str(info.value)
+    df = frame("BME", n=12, start="2024-01-31")
+    df.loc[2, "ds"] = pd.Timestamp("2024-03-31")  # a Sunday, where 2024-03-29 belongs
+    with pytest.raises(IrregularTimestampsError, match="2024-03-31"):
+        validate_long_frame(df)
 
 
 def test_frequency_cannot_be_inferred_from_single_points():

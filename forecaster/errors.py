@@ -56,10 +56,6 @@ class DuplicateTimestampsError(ForecasterInputError):
     """A series has the same timestamp twice."""
 
 
-class UnsortedTimestampsError(ForecasterInputError):
-    """A series' timestamps are not increasing."""
-
-
 class SeriesNotContiguousError(ForecasterInputError):
     """A file streamed series by series has a series' rows resume after other series'."""
 

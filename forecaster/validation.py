@@ -37,7 +37,6 @@ from forecaster.errors import (
     MissingValuesError,
     NonNumericValuesError,
     SeriesTooShortError,
-    UnsortedTimestampsError,
 )
 from forecaster.time_axis import (
     DAY_NS,
@@ -74,9 +73,9 @@ class ValidatedFrame:
 
     `columns` holds `unique_id` (str), `ds` (datetime64[ns], tz-naive), `y` (float64) and the
     requested covariates (float64) as arrays, nothing else. Rows are grouped by series in order
-    of first appearance; within a series the caller's order is kept, which is increasing in
-    time because anything else is an error. `frame` is the same as a DataFrame (built on first
-    use, with a fresh RangeIndex), for callers that work with frames.
+    of first appearance, each series in time order whatever the caller's order was. `frame` is
+    the same as a DataFrame (built on first use, with a fresh RangeIndex), for callers that
+    work with frames.
     """
 
     columns: dict[str, Any]
@@ -147,7 +146,7 @@ def validate_long_frame(
 
     Raises:
         EmptyDataError, MissingColumnsError, InvalidTimestampsError, NonNumericValuesError,
-        MissingValuesError, DuplicateTimestampsError, UnsortedTimestampsError,
+        MissingValuesError, DuplicateTimestampsError,
         SeriesTooShortError, FrequencyInferenceError, IrregularTimestampsError.
     """
     covariates = _check_arguments(covariates, min_length, target)
@@ -169,14 +168,14 @@ def validate_long_frame(
         )
         values[name] = np.where(np.isnan(column), 0.0, column) if allow_missing else column
 
-    order = _grouping_order(codes)
+    order = _series_time_order(codes, ds)
     if order is not None:
         codes, ds = codes[order], ds[order]
         values = {name: v[order] for name, v in values.items()}
 
     ds_i8 = ds.view(np.int64)
     same = codes[1:] == codes[:-1]
-    _check_order(codes, ds_i8, same, uniques)
+    _check_duplicates(codes, ds_i8, same, uniques)
     _check_length(codes, uniques, min_length, observed=~np.isnan(values[target]))
     offset = _check_frequency(codes, ds_i8, same, uniques, freq, allow_gaps=allow_missing)
 
@@ -220,12 +219,12 @@ def infer_frequency(df: pd.DataFrame | pd.Series | pd.DatetimeIndex) -> str:
         ids_col = pd.Series(["series"] * len(times), index=times.index)
     ids, codes, uniques = series_codes(ids_col)
     ds = parse_timestamps(times, ids)
-    order = _grouping_order(codes)
+    order = _series_time_order(codes, ds)
     if order is not None:
         codes, ds = codes[order], ds[order]
     ds_i8 = ds.view(np.int64)
     same = codes[1:] == codes[:-1]
-    _check_order(codes, ds_i8, same, uniques)
+    _check_duplicates(codes, ds_i8, same, uniques)
     return freq_alias(_check_frequency(codes, ds_i8, same, uniques, None))
 
 
@@ -553,36 +552,33 @@ def _ts(ds: np.ndarray | None, i: int) -> str:
     return f"ds={pd.Timestamp(ds[i])}" if ds is not None else f"row {i}"
 
 
-def _grouping_order(codes: np.ndarray) -> np.ndarray | None:
-    """A stable permutation grouping interleaved series, or None if already grouped."""
-    if codes.size < 2 or bool(np.all(codes[1:] >= codes[:-1])):
+def _series_time_order(codes: np.ndarray, ds: np.ndarray) -> np.ndarray | None:
+    """A stable permutation putting each series' rows together and in time order, or None
+    when they already are: rows may come in any order, as a query without ORDER BY or a
+    shuffled Spark partition returns them (Nixtla's libraries sort them too)."""
+
+    def in_order(c: np.ndarray, t: np.ndarray) -> bool:
+        return not ((c[1:] == c[:-1]) & (t[1:] < t[:-1])).any()
+
+    if codes.size < 2 or (bool(np.all(codes[1:] >= codes[:-1])) and in_order(codes, ds)):
         return None
-    return np.argsort(codes, kind="stable")
+    order = np.argsort(codes, kind="stable")  # interleaved series (rows by time): enough
+    if not in_order(codes[order], ds[order]):
+        order = np.lexsort((ds, codes))
+    return order
 
 
-def _check_order(codes: np.ndarray, ds_i8: np.ndarray, same: np.ndarray, uniques: pd.Index):
-    step = np.diff(ds_i8)
-    back = (step < 0) & same
-    # Strictly increasing timestamps are unique, so the hash-based duplicate search only runs
-    # when some series goes back in time (a repeated timestamp that is not adjacent).
-    if back.any() or ((step == 0) & same).any():
-        dup = pd.DataFrame({"c": codes, "t": ds_i8}).duplicated().to_numpy()
-        if dup.any():
-            i = int(np.argmax(dup))
-            sid = str(uniques[codes[i]])
-            count = int(dup[codes == codes[i]].sum())
-            raise DuplicateTimestampsError(
-                f"series {sid!r}: timestamp {pd.Timestamp(ds_i8[i])} appears more than once "
-                f"({count} duplicate row(s) in this series); expected one row per timestamp",
-                series_id=sid,
-                field=TIME,
-            )
-    if back.any():
-        i = int(np.argmax(back)) + 1
+def _check_duplicates(codes: np.ndarray, ds_i8: np.ndarray, same: np.ndarray, uniques: pd.Index):
+    """Rows in series and time order (`_series_time_order`): a repeated timestamp is a step of
+    0 within a series."""
+    repeated = (np.diff(ds_i8) == 0) & same
+    if repeated.any():
+        i = int(np.argmax(repeated)) + 1
         sid = str(uniques[codes[i]])
-        raise UnsortedTimestampsError(
-            f"series {sid!r}: timestamps are not increasing: {pd.Timestamp(ds_i8[i])} follows "
-            f"{pd.Timestamp(ds_i8[i - 1])}; sort by {ID}, {TIME} first",
+        count = int(repeated[codes[1:] == codes[i]].sum())
+        raise DuplicateTimestampsError(
+            f"series {sid!r}: timestamp {pd.Timestamp(ds_i8[i])} appears more than once "
+            f"({count} duplicate row(s) in this series); expected one row per timestamp",
             series_id=sid,
             field=TIME,
         )

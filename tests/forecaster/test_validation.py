@@ -21,7 +21,6 @@ from forecaster.errors import (
     MissingValuesError,
     NonNumericValuesError,
     SeriesTooShortError,
-    UnsortedTimestampsError,
 )
 from forecaster.time_axis import parse_freq
 from forecaster.validation import (
@@ -237,12 +236,25 @@ def test_duplicate_timestamps():
     assert "2024-01-01 03:00:00" in str(info.value)
 
 
-def test_unsorted_timestamps():
-    df = frame().iloc[[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 11, 13, 14, 15, 16, 17, 18, 19]]
-    with pytest.raises(UnsortedTimestampsError) as info:
-        validate_long_frame(df)
-    assert info.value.series_id == "b"
-    assert "2024-01-01 01:00:00 follows 2024-01-01 02:00:00" in str(info.value)
+@pytest.mark.parametrize("allow_missing", [False, True])
+def test_rows_in_any_order_are_read_in_series_and_time_order(allow_missing):
+    """A query without ORDER BY returns rows in any order: each series is read in time order,
+    its values and covariates with their timestamps, as Nixtla's libraries read it."""
+    df = frame(n=10, promo=np.arange(10.0))
+    ordered = validate_long_frame(df, covariates=["promo"], allow_missing=allow_missing)
+    for rows in (
+        df.iloc[[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 11, 13, 14, 15, 16, 17, 18, 19]],
+        df.sample(frac=1, random_state=0),
+        df.iloc[::-1],
+    ):
+        result = validate_long_frame(rows, covariates=["promo"], allow_missing=allow_missing)
+        # Series in order of first appearance, as always; each in time order.
+        by_series = result.frame.sort_values("unique_id", kind="stable", ignore_index=True)
+        pd.testing.assert_frame_equal(by_series, ordered.frame)
+    shuffled = df.sample(frac=1, random_state=1)
+    repeated = pd.concat([shuffled, df.iloc[[13]]], ignore_index=True)
+    with pytest.raises(DuplicateTimestampsError, match="'b'.*2024-01-01 03:00:00.*1 duplicate"):
+        validate_long_frame(repeated)
 
 
 def test_gap_names_series_and_expected_vs_found():
@@ -492,7 +504,6 @@ def test_columns_give_the_same_result_as_the_frame():
     "spoil",
     [
         lambda df: pd.concat([df, df.iloc[[13]]], ignore_index=True),  # duplicate timestamp
-        lambda df: df.iloc[[0, 2, 1, *range(3, len(df))]],  # unsorted
         lambda df: df.drop(index=15),  # gap (an error without allow_missing)
         lambda df: df.assign(y=df["y"].where(df.index != 12, np.inf)),  # not finite
         lambda df: df.assign(y=df["y"].where(df.index != 12, 1e40)),  # too large to scale

@@ -154,9 +154,17 @@ def load_frame(path: str | Path, *, time_column: str | None = None) -> pd.DataFr
         return df
     column = time_column or "date"
     if column not in df.columns:
+        header = str(df.columns[0]) if len(df.columns) == 1 else ""
+        other = max(";\t|", key=header.count)
+        hint = (
+            f" (the header reads as one column: the file looks separated by {other!r}; "
+            "expected ',')"
+            if header.count(other)
+            else ""
+        )
         raise MissingColumnsError(
             f"{path}: expected a long file with columns {[ID, TIME, TARGET]} or a wide file with "
-            f"a {column!r} time column; present columns: {list(map(str, df.columns))}",
+            f"a {column!r} time column; present columns: {list(map(str, df.columns))}{hint}",
             field=column,
         )
     return wide_to_long(df, time_column=column)

@@ -78,6 +78,13 @@ def _header_only(tmp_path):
     return str(path), "no rows"
 
 
+def _semicolons(tmp_path):
+    # What a spreadsheet writes in locales whose decimal mark is the comma.
+    path = tmp_path / "d.csv"
+    _good().to_csv(path, index=False, sep=";")
+    return str(path), "the file looks separated by ';'"
+
+
 def _missing_file(tmp_path):
     return str(tmp_path / "nope.parquet"), "no such file"
 
@@ -93,6 +100,7 @@ def _missing_file(tmp_path):
         _too_short,
         _empty_file,
         _header_only,
+        _semicolons,
         _missing_file,
     ],
 )

@@ -249,10 +249,12 @@ def request_frames(
                 field=f"series[{i}].covariates.{missing[0]}",
                 series_id=s.id,
             )
-        ahead = {len(given[name]) - n for name in covariates}
+        # Each covariate's own length is checked, so the error names the one out of range (or
+        # the first that differs from the others), not always the first covariate.
+        ahead = len(given[covariates[0]]) - n
         for name in covariates:
             column = given[name]
-            if not horizon <= len(column) - n <= longest or len(ahead) > 1:
+            if not horizon <= len(column) - n <= longest or len(column) - n != ahead:
                 expected = (
                     f"{n + horizon}"
                     if longest == horizon
@@ -269,7 +271,7 @@ def request_frames(
             arr = np.array(column, dtype=np.float64)
             cov_past[name].append(arr[:n])
             cov_future[name].append(arr[n:])
-        steps_ahead.append(len(given[covariates[0]]) - n)
+        steps_ahead.append(ahead)
     history = {
         "unique_id": np.concatenate(ids),
         "ds": np.concatenate(stamps),

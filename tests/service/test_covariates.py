@@ -243,3 +243,46 @@ def test_a_shorter_horizon_reads_the_later_covariates_given_as_the_library_does(
     response = promo_client.post("/v1/forecast", json={"series": [too_many], "horizon": 3})
     assert response.status_code == 422
     assert "up to the model's" in response.json()["detail"]
+
+
+@pytest.fixture(scope="module")
+def two_covariate_model(fitted, promo_frame) -> Forecaster:
+    frame = promo_frame.assign(price=np.sin(np.arange(len(promo_frame)) / 5.0))
+    model_config = dataclasses.replace(fitted.model_config, covariates=("promo", "price"))
+    return Forecaster(model_config, fitted.train_config).fit(frame)
+
+
+@pytest.mark.parametrize(
+    ("horizon", "promo_ahead", "price_ahead", "needle"),
+    [
+        # promo is right, price one step short: it named promo, "expected 60 values ... got 60"
+        (HORIZON, HORIZON, HORIZON - 1, f"history + {HORIZON} horizon), got"),
+        # each within horizon..12 steps, but the model reads one future per step for both
+        (3, 3, 5, "the same for every covariate"),
+    ],
+)
+def test_covariates_of_different_lengths_are_422_naming_the_one_that_differs(
+    make_client, two_covariate_model, promo_frame, horizon, promo_ahead, price_ahead, needle
+):
+    """With two covariates the length check named the first one whatever was wrong (a right
+    promo, "expected 60 values ..., got 60"); lengths within range but unequal were refused
+    naming promo too. The error names the covariate to fix."""
+    client = make_client(source=StaticSource(two_covariate_model, ModelIdentity("forecaster", "8")))
+    past, future = _split(promo_frame, "series_001", two_covariate_model.context_length)
+    n = len(past)
+    price = np.sin(np.arange(n + HORIZON) / 5.0).tolist()
+    series = {
+        "id": "series_001",
+        "timestamps": [t.isoformat() for t in past["ds"]],
+        "values": past["y"].tolist(),
+        "covariates": {
+            "promo": past["promo"].tolist() + future["promo"].tolist()[:promo_ahead],
+            "price": price[: n + price_ahead],
+        },
+    }
+    response = client.post("/v1/forecast", json={"series": [series], "horizon": horizon})
+    assert response.status_code == 422, response.text
+    error = response.json()
+    assert (error["field"], error["series_id"]) == ("series[0].covariates.price", "series_001")
+    assert f"expected {n + horizon}" in error["detail"] and needle in error["detail"], error
+    assert error["detail"].endswith(f"got {n + price_ahead}"), error["detail"]

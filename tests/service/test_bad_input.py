@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import io
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
+
+from forecaster.forecaster import ModelInputs
+from forecaster.outputs import ForecastArrays
+from service.model_manager import StaticSource
 
 CONTEXT, HORIZON = 48, 12  # the tiny model of conftest.py
 
@@ -455,3 +462,42 @@ def test_request_bounds_hold_at_their_edges(client, payload, change, field):
     else:
         assert response.status_code == 422, response.text
         assert response.json()["field"] == field, response.json()
+
+
+@pytest.mark.parametrize("how", ["mixed_zones", "bad_freq", "wrong_freq", "off_grid_start"])
+def test_a_bad_series_in_a_later_batch_is_named_by_its_place_in_the_request(
+    make_client, payload, how
+):
+    """A request of more series than max_batch_size is read in chunks; an error in a later
+    chunk names the series' index in the request, not in its chunk."""
+    client = make_client(max_batch_size=1)
+    body = {"series": [payload("series_000"), _break(payload, how)]}
+    response = client.post("/v1/forecast", json=body)
+    assert response.status_code == 422, response.text
+    error = response.json()
+    assert (error["field"], error["series_id"]) == (CASES[how][1], "series_002"), error
+    assert f"series 'series_002' ({CASES[how][1]})" in error["detail"], error["detail"]
+
+
+def test_a_forecast_that_overflows_is_422_naming_its_series(make_client, fitted, identity, payload):
+    """The core refuses values past 1e30, so no history here overflows the tiny model; a model
+    whose float32 arithmetic does overflow for one series is stood in for: that series is
+    named, not the first of the request."""
+
+    def overflowing(inputs: ModelInputs) -> ForecastArrays:
+        arrays = type(fitted).forecast(fitted, inputs)
+        mean = arrays.mean.copy()
+        # series_002 only: the forecast that checks the model as it loads must still pass
+        mean[arrays.series_ids == "series_002"] = np.inf
+        return dataclasses.replace(arrays, mean=mean)
+
+    model = copy.copy(fitted)
+    model.forecast = overflowing
+    client = make_client(source=StaticSource(model, identity))
+    body = {"series": [payload("series_000"), payload("series_002")]}
+    response = client.post("/v1/forecast", json=body)
+    assert response.status_code == 422, response.text
+    error = response.json()
+    assert error["series_id"] == "series_002", error
+    assert error["detail"].startswith("series 'series_002': the forecast is not finite"), error
+    assert "rescale the series" in error["detail"], error["detail"]

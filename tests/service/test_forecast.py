@@ -242,3 +242,81 @@ def test_sub_second_steps_keep_their_fractions(client, payload):
     )
     assert scoring.status_code == 200, scoring.text
     assert [p["ds"] for p in scoring.json()["predictions"]] == expected
+
+
+def test_attention_of_each_series_starts_at_its_own_context(client, payload):
+    """Series that end at different times: each one's maps are placed on its own timeline
+    (the tiny model reads CONTEXT steps, so its first token starts at the first value sent)."""
+    early = payload("series_001", CONTEXT + 3)
+    early["timestamps"], early["values"] = early["timestamps"][:-3], early["values"][:-3]
+    body = {"include_attention": True, "series": [payload("series_000"), early]}
+    response = client.post("/v1/forecast", json=body)
+    assert response.status_code == 200, response.text
+    starts = [f["attention"]["context_start"] for f in response.json()["forecasts"]]
+    assert starts == [payload("series_000")["timestamps"][0], early["timestamps"][0]]
+
+
+def test_attention_of_a_request_split_into_batches_covers_every_series(
+    make_client, history, payload, fitted
+):
+    """A request of more series than max_batch_size is forecast in chunks; the maps of the
+    later chunks' series come with the response as the first chunk's do."""
+    client = make_client(max_batch_size=1)
+    ids = ["series_000", "series_003"]
+    body = {"include_attention": True, "series": [payload(sid) for sid in ids]}
+    response = client.post("/v1/forecast", json=body)
+    assert response.status_code == 200, response.text
+    for forecast in response.json()["forecasts"]:
+        assert forecast["attention"] is not None, forecast["id"]
+        maps = fitted.attention(history[history["unique_id"] == forecast["id"]].tail(CONTEXT))
+        got = np.asarray(forecast["attention"]["encoder"][0])
+        np.testing.assert_allclose(got, maps.encoder[0][0], atol=5e-5 + 1e-6)
+
+
+def test_glitches_are_named_on_the_series_that_has_them(client, payload):
+    glitched = payload("series_000")
+    glitched["values"][CONTEXT - 10] *= 10
+    body = {"series": [payload("series_001"), glitched]}
+    response = client.post("/v1/forecast", json=body)
+    assert response.status_code == 200, response.text
+    clean, out = response.json()["forecasts"]
+    assert clean["glitches"] == []
+    assert out["glitches"] == [glitched["timestamps"][CONTEXT - 10]]
+
+
+def test_a_series_at_a_large_level_is_forecast_from_its_exact_values(client, history, fitted):
+    """Values are read as float64, as the library reads them: in float32 (7 digits) a counter
+    near 1e8 moving by a few units a step would lose those units and get another forecast."""
+    part = history[history["unique_id"] == "series_000"].tail(CONTEXT)
+    part = part.assign(y=part["y"] + 1e8)
+    series = {
+        "id": "series_000",
+        "timestamps": [t.isoformat() for t in part["ds"]],
+        "values": part["y"].tolist(),
+    }
+    response = client.post("/v1/forecast", json={"series": [series]})
+    assert response.status_code == 200, response.text
+    expected = fitted.predict(part)
+    np.testing.assert_allclose(
+        response.json()["forecasts"][0]["mean"], expected["mean"], rtol=0, atol=1e-3
+    )
+
+
+def test_sub_second_steps_keep_their_fractions_beside_whole_second_series(client, history):
+    """/invocations writes every series' timestamps in one column: a series half a second past
+    the hour keeps its fraction when another request's series falls on the hour."""
+    part = history[history["unique_id"].isin(["series_000", "series_001"])]
+    part = part.groupby("unique_id").tail(CONTEXT)
+    shifted = part["unique_id"] == "series_001"
+    part = part.assign(ds=part["ds"].where(~shifted, part["ds"] + pd.Timedelta(milliseconds=500)))
+    rows = [[r.unique_id, r.ds.isoformat(), r.y] for r in part.itertuples()]
+    body = {
+        "dataframe_split": {"columns": ["unique_id", "ds", "y"], "data": rows},
+        "params": {"horizon": 2},
+    }
+    response = client.post("/invocations", json=body)
+    assert response.status_code == 200, response.text
+    got = pd.DataFrame(response.json()["predictions"]).groupby("unique_id")["ds"].apply(list)
+    for sid, stamps in got.items():
+        last = part.loc[part["unique_id"] == sid, "ds"].iloc[-1]
+        assert stamps == [(last + pd.Timedelta(hours=h)).isoformat() for h in (1, 2)], sid

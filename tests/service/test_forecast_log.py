@@ -6,8 +6,14 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
 
-from pipelines.forecast_log import read_log
+from forecaster import Forecaster
+from forecaster.outputs import ForecastArrays
+from pipelines.forecast_log import read_log, records
+from service.forecast_logging import ServiceForecastLog
+from service.metrics import ServiceMetrics
 from service.model_manager import ModelIdentity, StaticSource
 from tests.service.test_batch_jobs import wait_for_job
 
@@ -71,6 +77,85 @@ def test_logging_can_be_switched_off(make_client, tmp_path, payload):
     assert client.post("/v1/forecast", json={"series": [payload("series_000")]}).is_success
     client.__exit__(None, None, None)
     assert not (tmp_path / "data" / "forecast_log").exists()
+
+
+def test_forecasts_of_other_horizons_and_quantiles_are_logged_too(make_client, tmp_path, payload):
+    """Forecasts are written in groups of one shape; requests that asked for another horizon or
+    other quantiles, flushed together, each keep their own rows."""
+    client = make_client(forecast_log_flush_s=3600)  # one flush, at shutdown
+    bodies = [
+        {"series": [payload("series_000")]},
+        {"horizon": 5, "series": [payload("series_001")]},
+        {"quantiles": [0.5], "series": [payload("series_002")]},
+    ]
+    for body in bodies:
+        assert client.post("/v1/forecast", json=body).is_success
+    client.__exit__(None, None, None)
+    log = read_log(tmp_path / "data" / "forecast_log")
+    steps = log.groupby("unique_id")["step"].max().to_dict()
+    assert steps == {"series_000": HORIZON, "series_001": 5, "series_002": HORIZON}
+    # One quantile asked for: no interval to log.
+    has_interval = log.groupby("unique_id")["upper"].apply(lambda u: bool(u.notna().all()))
+    assert has_interval.to_dict() == {"series_000": True, "series_001": True, "series_002": False}
+    rows = client.app.state.metrics.forecast_log_rows
+    assert rows.labels("logged")._value.get() == 2 * HORIZON + 5
+
+
+def _one_forecast(fitted: Forecaster, history: pd.DataFrame) -> ForecastArrays:
+    """The forecast of one series: HORIZON log rows."""
+    one = history[history["unique_id"] == "series_000"]
+    return fitted.forecast(fitted.prepare(one, None, HORIZON))
+
+
+def test_forecasts_past_the_buffer_bound_are_dropped_and_counted_until_a_flush(
+    tmp_path, fitted, history, identity
+):
+    """At most max_pending_rows wait for the next flush (a log that cannot keep up must not
+    take the service's memory): a forecast past it is dropped whole with its rows counted, a
+    flush makes room again."""
+    metrics = ServiceMetrics()
+    log = ServiceForecastLog(
+        tmp_path / "log", metrics, flush_s=3600, retention_days=1, max_pending_rows=2 * HORIZON
+    )
+    forecast = _one_forecast(fitted, history)
+    rows = metrics.forecast_log_rows
+    for _ in range(3):
+        log.record(forecast, identity)
+    assert rows.labels("dropped")._value.get() == HORIZON  # the third: two fill the buffer
+    log.flush()
+    log.record(forecast, identity)
+    log.flush()
+    assert (rows.labels("logged")._value.get(), rows.labels("dropped")._value.get()) == (
+        3 * HORIZON,
+        HORIZON,
+    )
+    # read_log keeps one row per series and step of an origin: the files hold every row
+    files = (tmp_path / "log").glob("part-*.parquet")
+    assert sum(pq.ParquetFile(f).metadata.num_rows for f in files) == 3 * HORIZON
+
+
+def test_a_batch_job_s_rows_the_log_cannot_take_count_as_dropped(
+    tmp_path, fitted, history, identity, caplog
+):
+    """The log's directory is a file: the job's staged rows stay where they are, reported and
+    counted as dropped, not as logged."""
+    staged = tmp_path / "staged.parquet"
+    table = records(
+        _one_forecast(fitted, history), model_name=identity.name, model_version=identity.version
+    )
+    pq.write_table(table, staged)
+    directory = tmp_path / "log"
+    directory.write_text("not a directory")
+    metrics = ServiceMetrics()
+    log = ServiceForecastLog(directory, metrics, flush_s=3600, retention_days=1)
+    log.adopt([staged])
+    rows = metrics.forecast_log_rows
+    assert (rows.labels("logged")._value.get(), rows.labels("dropped")._value.get()) == (
+        0,
+        HORIZON,
+    )
+    assert staged.exists()
+    assert any("could not add" in r.getMessage() for r in caplog.records)
 
 
 def _gauge(text: str, metric: str) -> float:

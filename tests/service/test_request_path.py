@@ -92,6 +92,19 @@ def test_invocations_is_held_to_the_series_limit_before_any_work(make_client, hi
     assert "max_series_per_request" in response.json()["message"]
 
 
+def test_invocations_is_held_to_the_history_limit(make_client, history):
+    """A series of more rows than max_history_length is refused on /invocations as on
+    /v1/forecast, naming the series and its y column."""
+    client = make_client(max_history_length=60)
+    at_limit = history[history["unique_id"] == "series_000"].tail(60)
+    over = history[history["unique_id"] == "series_001"].tail(61)
+    response = client.post("/invocations", json=_split_body(pd.concat([at_limit, over])))
+    assert response.status_code == 400, response.text
+    error = response.json()
+    assert (error["field"], error["series_id"]) == ("series[1].y", "series_001"), error
+    assert "61 history points" in error["message"] and "max_history_length" in error["message"]
+
+
 def test_attention_has_its_own_series_limit(make_client, payload):
     client = make_client(max_attention_series=1)
     body = {"include_attention": True, "series": [payload("series_000"), payload("series_001")]}

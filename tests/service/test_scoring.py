@@ -143,6 +143,18 @@ def test_errors_in_mlflow_shape(client, body, needle):
     assert needle in error["message"]
 
 
+def test_a_column_given_twice_is_400_naming_it(client, two_series):
+    """MLflow's parser keeps both `y` columns of a dataframe_split, which the core cannot read
+    as one: refused naming the column, in MLflow's error shape."""
+    rows = [[r["unique_id"], r["ds"], r["y"], r["y"]] for r in _records(two_series)]
+    body = {"dataframe_split": {"columns": ["unique_id", "ds", "y", "y"], "data": rows}}
+    response = client.post("/invocations", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()
+    assert (error["error_code"], error["field"]) == ("BAD_REQUEST", "y")
+    assert "columns ['y'] appear more than once" in error["message"]
+
+
 @pytest.mark.parametrize(
     ("change", "needle"),
     [

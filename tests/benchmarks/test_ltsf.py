@@ -117,3 +117,5 @@ def test_peers_without_neuralforecast_say_so_and_ours_still_runs(wide_csv, monke
     captured = capsys.readouterr()
     assert "neuralforecast not installed" in captured.err
     assert "| ours (L=48) |" in captured.out
+    # ETTh1's published figures are not this data set's: no anchor row beside ours.
+    assert not any(name in captured.out for name in ltsf.ANCHORS)

@@ -161,6 +161,11 @@ def test_steps_after():
     ]
     assert _after("2024-01-01", "MS", 2) == [pd.Timestamp("2024-02-01"), pd.Timestamp("2024-03-01")]
     assert _after("2024-01-05", "B", 1) == [pd.Timestamp("2024-01-08")]  # a Friday
+    # A monthly close on the last business day: March 2024 ends on a Sunday.
+    assert _after("2024-02-29", "BME", 2) == [
+        pd.Timestamp("2024-03-29"),
+        pd.Timestamp("2024-04-30"),
+    ]
     last = np.array(["2024-01-01", "2024-02-01"], "datetime64[ns]")
     out = steps_after(last, "h", 3)
     assert out.shape == (2, 3) and out.dtype == "datetime64[ns]"

@@ -549,7 +549,8 @@ def _forecast_good_series(
 def _empty_result(forecaster: Any, job: Job) -> pd.DataFrame:
     from forecaster.data import quantile_column
 
-    quantiles = job.quantiles or list(forecaster.quantiles)
+    # `[]` asks for the mean alone: the other parts have no quantile column either.
+    quantiles = list(forecaster.quantiles) if job.quantiles is None else job.quantiles
     data: dict[str, Any] = {
         "unique_id": pd.array([], dtype="str"),
         "ds": pd.Series([], dtype="datetime64[ns]"),

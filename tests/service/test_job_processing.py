@@ -30,8 +30,9 @@ def _copies(training_frame: pd.DataFrame, n: int) -> pd.DataFrame:
     return pd.concat(copies, ignore_index=True)
 
 
-def _claimed_job(tmp_path, source, output_format="parquet"):
-    """A job on `source` (its format from the suffix), stored and claimed by OWNER."""
+def _claimed_job(tmp_path, source, output_format="parquet", **fields):
+    """A job on `source` (its format from the suffix), stored and claimed by OWNER; `fields`
+    are the job's other options (its quantiles...)."""
     store = JobStore(tmp_path / "jobs.db")
     store.create(
         id="job-1",
@@ -39,6 +40,7 @@ def _claimed_job(tmp_path, source, output_format="parquet"):
         input_format=source.suffix.lstrip("."),
         input_bytes=source.stat().st_size,
         output_format=output_format,
+        **fields,
     )
     job = store.claim(OWNER, lease_s=3600)
     assert job is not None
@@ -414,3 +416,26 @@ def test_a_part_whose_record_was_never_written_is_forecast_again(
     process_job(dataclasses.replace(ctx, on_forecast=None))
     assert pd.read_parquet(ctx.files.result_parquet)["unique_id"].nunique() == 16
     assert store.get(job.id).series_done == 16
+
+
+@pytest.mark.parametrize("layout", ["grouped", "interleaved"])  # streamed; hash-partitioned
+def test_a_mean_only_job_with_a_part_of_no_forecast_gets_its_result(
+    tmp_path, fitted, identity, training_frame, layout
+):
+    """`quantiles: []` asks for the mean alone: a part with no series forecast (a chunk of bad
+    series, a partition no series hashed to) has the mean alone too, not the model's
+    quantiles, which the other parts' columns would not match."""
+    frame = _copies(training_frame, 4)
+    bad = ["series_003-0", "series_000-1", "series_001-1"]  # the second chunk, when grouped
+    frame.loc[frame["unique_id"].isin(bad), "y"] = np.nan
+    if layout == "interleaved":
+        frame = frame.sort_values("ds", kind="stable")
+    source = tmp_path / "input.csv"
+    frame.to_csv(source, index=False)
+    store, job = _claimed_job(tmp_path, source, quantiles=[])
+    ctx = _context(tmp_path, store, job, fitted, identity)
+    process_job(ctx)
+    got = pd.read_parquet(ctx.files.result_parquet)
+    assert list(got.columns) == ["unique_id", "ds", "mean"]
+    assert got["unique_id"].nunique() == 16 - len(bad)
+    assert sorted(pd.read_csv(ctx.files.errors_csv)["unique_id"]) == sorted(bad)

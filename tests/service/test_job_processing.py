@@ -6,10 +6,12 @@ import dataclasses
 import os
 import threading
 from datetime import UTC, datetime
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from forecaster import Forecaster
@@ -291,11 +293,19 @@ def test_rows_by_time_are_partitioned_without_forecasting_first_rows_as_series(
     assert store.get(job.id).series_done == frame["unique_id"].nunique()
 
 
-def _stopped_after_first_part(tmp_path, fitted, identity, training_frame, forecast: list[str]):
-    """A job on 16 series stopped (as at a graceful shutdown) once its first part is
-    written; the ids it forecast go to `forecast`. Returns the store, the job and its context."""
+def _stopped_after_first_part(
+    tmp_path,
+    fitted,
+    identity,
+    training_frame,
+    forecast: list[str],
+    frame: pd.DataFrame | None = None,
+):
+    """A job on `frame` (by default 16 series) stopped (as at a graceful shutdown) once its
+    first part is written; the ids it forecast go to `forecast`. Returns the store, the job
+    and its context."""
     source = tmp_path / "input.csv"
-    _copies(training_frame, 4).to_csv(source, index=False)
+    (_copies(training_frame, 4) if frame is None else frame).to_csv(source, index=False)
     store, job = _claimed_job(tmp_path, source)
     stopping = threading.Event()
     ctx = _context(
@@ -418,6 +428,58 @@ def test_a_part_whose_record_was_never_written_is_forecast_again(
     assert store.get(job.id).series_done == 16
 
 
+def test_a_job_resumed_under_other_chunk_settings_keeps_its_first_run_s_chunks(
+    tmp_path, fitted, identity, training_frame
+):
+    """Parts are numbered by the first run's chunks: a replica configured with other chunks
+    (or a redeploy that tuned them) that resumed with its own would skip series the kept
+    part does not hold and forecast some twice."""
+    store, job, ctx = _stopped_after_first_part(tmp_path, fitted, identity, training_frame, [])
+    ctx.stopping.clear()
+    process_job(dataclasses.replace(ctx, chunk_series=CHUNK + 2, on_forecast=None))
+    got = pd.read_parquet(ctx.files.result_parquet)
+    assert got["unique_id"].nunique() == 16
+    assert not got.duplicated(["unique_id", "ds"]).any()
+    assert store.get(job.id).series_done == 16
+
+
+def test_a_resumed_job_still_counts_the_series_its_kept_parts_left_out(
+    tmp_path, fitted, identity, training_frame
+):
+    """The series a part left out before the stop stay failed in the job's counts, beside the
+    errors file that lists them."""
+    frame = _copies(training_frame, 4)
+    frame.loc[frame["unique_id"] == "series_001-0", "y"] = np.nan  # in the first part
+    store, job, ctx = _stopped_after_first_part(
+        tmp_path, fitted, identity, training_frame, [], frame
+    )
+    ctx.stopping.clear()
+    process_job(dataclasses.replace(ctx, on_forecast=None))
+    assert pd.read_csv(ctx.files.errors_csv)["unique_id"].tolist() == ["series_001-0"]
+    now = store.get(job.id)
+    assert (now.series_done, now.series_failed) == (15, 1)
+
+
+def test_a_resumed_job_still_counts_the_glitches_its_kept_parts_found(
+    tmp_path, fitted, identity, training_frame
+):
+    """A reading a kept part set aside as a glitch stays listed and counted: the resumed
+    worker does not read that part again."""
+    frame = _copies(training_frame, 4)
+    at = frame.index[frame["unique_id"] == "series_001-0"][-7]  # in the first part
+    frame.loc[at, "y"] = 10 * frame.loc[at, "y"] + 100
+    store, job, ctx = _stopped_after_first_part(
+        tmp_path, fitted, identity, training_frame, [], frame
+    )
+    ctx.stopping.clear()
+    process_job(dataclasses.replace(ctx, on_forecast=None))
+    listed = pd.read_csv(ctx.files.glitches_csv, parse_dates=["ds"])
+    assert list(zip(listed["unique_id"], listed["ds"], strict=True)) == [
+        ("series_001-0", frame.loc[at, "ds"])
+    ]
+    assert store.get(job.id).glitches == 1
+
+
 @pytest.mark.parametrize("layout", ["grouped", "interleaved"])  # streamed; hash-partitioned
 def test_a_mean_only_job_with_a_part_of_no_forecast_gets_its_result(
     tmp_path, fitted, identity, training_frame, layout
@@ -439,3 +501,42 @@ def test_a_mean_only_job_with_a_part_of_no_forecast_gets_its_result(
     assert list(got.columns) == ["unique_id", "ds", "mean"]
     assert got["unique_id"].nunique() == 16 - len(bad)
     assert sorted(pd.read_csv(ctx.files.errors_csv)["unique_id"]) == sorted(bad)
+
+
+def test_a_partitioned_job_with_rows_without_an_id_ends_at_all_of_its_rows(
+    tmp_path, fitted, identity, training_frame
+):
+    """Partitioning counts the rows with an id; the rows without one are read too, so the
+    job's total is all of them and a finished job shows 100 %, not more."""
+    frame = _copies(training_frame, 2).astype({"unique_id": object})
+    frame = frame.sort_values("ds", kind="stable").reset_index(drop=True)  # partitioned
+    frame.loc[[5, 40], "unique_id"] = None
+    source = tmp_path / "input.csv"
+    frame.to_csv(source, index=False)
+    store, job = _claimed_job(tmp_path, source)
+    process_job(_context(tmp_path, store, job, fitted, identity))
+    now = store.get(job.id)
+    assert (now.rows_total, now.rows_done) == (len(frame), len(frame))
+    assert (now.series_done, now.series_failed) == (8, 1)
+
+
+def test_the_forecast_log_is_handed_the_rows_of_the_parts_that_forecast(
+    tmp_path, fitted, identity, training_frame
+):
+    """A part whose series were all left out stages no log rows: the log is handed the staged
+    files there are, not a name for each part (which it would warn it could not add)."""
+    frame = _copies(training_frame, 4)
+    bad = ["series_003-0", "series_000-1", "series_001-1"]  # the second chunk
+    frame.loc[frame["unique_id"].isin(bad), "y"] = np.nan
+    source = tmp_path / "input.csv"
+    frame.to_csv(source, index=False)
+    store, job = _claimed_job(tmp_path, source)
+    handed: list[int | None] = []  # each file's rows as the log is handed it; None: no file
+
+    def publish_log(paths: list[Path]) -> None:
+        handed.extend(pq.ParquetFile(p).metadata.num_rows if p.exists() else None for p in paths)
+
+    ctx = _context(tmp_path, store, job, fitted, identity, publish_log=publish_log)
+    process_job(ctx)
+    assert None not in handed, handed
+    assert sum(handed) == len(pd.read_parquet(ctx.files.result_parquet))

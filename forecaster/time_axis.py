@@ -748,11 +748,9 @@ def _calendar_offset(ds_i8: np.ndarray, months: int, sid: str) -> BaseOffset:
     # (side, business) -> timestamps on that anchor; calendar ones first, as ties go.
     held = {("S", ""): index.is_month_start.sum(), ("E", ""): index.is_month_end.sum()}
     if max(held.values()) < len(index):  # business days are read only when needed: slower
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", pd.errors.PerformanceWarning)  # not vectorised
-            # n = 0 rolls a timestamp forward to the offset: one on it stays where it is.
-            held["E", "B"] = (index + 0 * BMonthEnd() == index).sum()
-            held["S", "B"] = (index + 0 * BMonthBegin() == index).sum()
+        # n = 0 rolls a timestamp forward to the offset: one on it stays where it is.
+        held["E", "B"] = (index + 0 * BMonthEnd() == index).sum()
+        held["S", "B"] = (index + 0 * BMonthBegin() == index).sum()
     side, business = max(held, key=held.__getitem__)
     if held[side, business]:
         return _month_offset(first, months, side, business)

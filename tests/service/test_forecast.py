@@ -11,7 +11,7 @@ import pytest
 from forecaster import Forecaster
 from forecaster.synthetic import generate_synthetic
 from service.model_manager import ModelIdentity, StaticSource
-from tests.service.conftest import glitch_count, tiny_config
+from tests.service.conftest import glitch_count, series_payload, tiny_config
 
 CONTEXT, HORIZON = 48, 12  # the tiny model of conftest.py
 
@@ -289,11 +289,7 @@ def test_a_series_at_a_large_level_is_forecast_from_its_exact_values(client, his
     near 1e8 moving by a few units a step would lose those units and get another forecast."""
     part = history[history["unique_id"] == "series_000"].tail(CONTEXT)
     part = part.assign(y=part["y"] + 1e8)
-    series = {
-        "id": "series_000",
-        "timestamps": [t.isoformat() for t in part["ds"]],
-        "values": part["y"].tolist(),
-    }
+    series = series_payload(part, "series_000")
     response = client.post("/v1/forecast", json={"series": [series]})
     assert response.status_code == 200, response.text
     expected = fitted.predict(part)

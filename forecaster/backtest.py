@@ -18,7 +18,7 @@ import pandas as pd
 from forecaster.data import ID, TARGET, TIME
 from forecaster.errors import EmptyDataError, InvalidConfigError, SeriesTooShortError
 from forecaster.metrics import evaluate, mase_scales, metric_by_group
-from forecaster.time_axis import season_length
+from forecaster.time_axis import is_integer_time, season_length
 from forecaster.validation import in_callers_types, validate_long_frame
 
 
@@ -150,6 +150,9 @@ def backtest(
         ) from None
 
     frame = validated.frame
+    if is_integer_time(pd.Series(df[TIME])):
+        # Windows are predicted, and aligned on their truth, in the steps the model reads.
+        frame = frame.assign(**{TIME: frame[TIME].to_numpy().view(np.int64)})
     ids = frame[ID].to_numpy()
     starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
     lengths = np.diff(np.r_[starts, len(frame)])
@@ -214,7 +217,7 @@ def _align(truth: pd.DataFrame, forecast: pd.DataFrame) -> pd.DataFrame:
     """Truth rows beside the model's forecast for the same series and timestamp."""
     forecast = forecast.copy()
     forecast[ID] = forecast[ID].astype("str")
-    forecast[TIME] = forecast[TIME].to_numpy(dtype="datetime64[ns]")
+    forecast[TIME] = forecast[TIME].to_numpy(dtype=truth[TIME].dtype)  # naive, or steps
     merged = truth.merge(forecast, on=[ID, TIME], how="left", validate="one_to_one")
     if merged["mean"].isna().any():
         i = int(np.argmax(merged["mean"].isna().to_numpy()))

@@ -22,6 +22,7 @@ from forecaster.data import quantile_column
 from forecaster.errors import InvalidConfigError
 from forecaster.time_axis import (
     CALENDAR_FEATURES,
+    is_integer_axis,
     long_season_length,
     patch_length_for,
     season_length,
@@ -164,8 +165,8 @@ class ModelConfig:
     prediction_length: int = 96
     # P: steps per token, for the context patches and the horizon patches alike. Tokens do not
     # overlap and the last context token ends at the forecast origin. None: whole cycles of the
-    # data's main seasonal period, at least 8 steps (24 for hourly data, 12 for monthly, 14 for
-    # daily...; see `patch_length_for`), set by fit.
+    # seasonal period (`season_length`, given or the data's), at least 8 steps (24 for hourly
+    # data, 12 for monthly, 14 for daily...; see `patch_length_for`), set by fit.
     patch_length: int | None = None
     # Steps per seasonal cycle of the data (24 for hourly data, 52 for weekly...; see
     # `forecaster.time_axis.season_length`). The linear start reads a missing step as the same
@@ -347,6 +348,12 @@ class ModelConfig:
         patch, the seasonal period and the long one, and the context from the horizon and the
         period (`default_context_length`). Fit trains what this returns; a data split that
         hands the model its history asks it how long that history is."""
+        _check(
+            not (self.calendar_features and is_integer_axis(freq)),
+            "calendar_features",
+            "none for integer ds, which has no calendar",
+            self.calendar_features,
+        )
         season = self.season_length
         if season is None:
             season = season_length(freq) if freq is not None else 1
@@ -356,7 +363,7 @@ class ModelConfig:
         context = self.context_length
         if context is None:
             context = default_context_length(self.prediction_length, season)
-        patch = self.patch_length if self.patch_length is not None else patch_length_for(freq)
+        patch = self.patch_length if self.patch_length is not None else patch_length_for(season)
         return dataclasses.replace(
             self,
             context_length=context,

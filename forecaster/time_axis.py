@@ -14,6 +14,12 @@ east of UTC (calendar features a day off). Anything else is converted to UTC, wh
 clock never skips or repeats an hour. A forecast goes back to an aware column's zone the same
 way; text or datetimes with offsets, which name no zone, come back in UTC when they were
 read in UTC and naive when read on the wall clock (`zone_of`).
+
+Integer `ds` (steps with no calendar, as Nixtla's libraries take with ``freq=1``) is read as
+that many nanoseconds after 1970-01-01, so that everything inside works on one axis: its
+frequency is a step of nanoseconds ("ns", "7ns"; `is_integer_axis`), it has no season unless
+the configuration gives one, and a forecast of integer `ds` gives its steps back as integers.
+A model fitted on one kind of `ds` refuses the other.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from pandas.tseries.offsets import (
     CustomBusinessHour,
     MonthBegin,
     MonthEnd,
+    Nano,
     QuarterBegin,
     QuarterEnd,
     SemiMonthBegin,
@@ -248,9 +255,10 @@ def parse_timestamps(
     *,
     wall_clock: bool | None = None,
     column: str = TIME,
+    freq: str | None = None,
 ) -> np.ndarray:
     """`ds` as a tz-naive datetime64[ns] numpy array; see `read_timestamps`."""
-    return read_timestamps(col, ids, wall_clock=wall_clock, column=column)[0]
+    return read_timestamps(col, ids, wall_clock=wall_clock, column=column, freq=freq)[0]
 
 
 def read_timestamps(
@@ -259,12 +267,16 @@ def read_timestamps(
     *,
     wall_clock: bool | None = None,
     column: str = TIME,
+    freq: str | None = None,
 ) -> tuple[np.ndarray, bool | None]:
     """`ds` as a tz-naive datetime64[ns] numpy array, and whether it was read on its zone's wall
     clock (None for naive input, which has no zone to read).
 
     Aware input is read on its wall clock or in UTC as `on_wall_clock` decides, or as
     `wall_clock` says (a frame that must be read as another one was, a single start).
+    Integers are steps, read as nanoseconds after 1970-01-01 (module docstring). With a
+    model's `freq`, `ds` must be of the kind it was fitted on: integers for an integer axis
+    (`is_integer_axis`), timestamps for any other.
     `ids` (the series id of each row; None where the timestamps are no series' own, as a wide
     file's time column) and `column` (the column's name) only serve the error message.
     """
@@ -277,11 +289,24 @@ def read_timestamps(
         sid = None if ids is None else str(ids[i])
         return sid, "" if sid is None else f"series {sid!r}: "
 
+    integers = is_integer_time(col)
+    if freq is not None and integers != is_integer_axis(freq):
+        sid, where = series_of(0)
+        fitted = "integer steps" if not integers else f"timestamps at frequency {freq!r}"
+        given = f"integers (dtype {col.dtype})" if integers else "timestamps"
+        raise InvalidTimestampsError(
+            f"{where}{column} holds {given}, expected {fitted} as the model was fitted on; "
+            f"first value {col.iat[0]!r}",
+            series_id=sid,
+            field=column,
+        )
+    if integers:
+        return _integer_steps(col, series_of, column), None
     if pd.api.types.is_bool_dtype(col) or pd.api.types.is_numeric_dtype(col):
         sid, where = series_of(0)
         raise InvalidTimestampsError(
             f"{where}{column} holds numbers (dtype {col.dtype}), expected timestamps such as "
-            f"'2024-01-01 00:00'; first value {col.iat[0]}",
+            f"'2024-01-01 00:00' or integer steps; first value {col.iat[0]}",
             series_id=sid,
             field=column,
         )
@@ -334,6 +359,51 @@ def read_timestamps(
             series_id=sid,
             field=column,
         ) from None
+
+
+def is_integer_time(col: pd.Series | np.ndarray) -> bool:
+    """Whether a `ds` column holds integer steps rather than timestamps (`bool` is neither)."""
+    dtype = col.dtype
+    return pd.api.types.is_integer_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype)
+
+
+def is_integer_axis(freq: str | None) -> bool:
+    """Whether a frequency is that of integer `ds`: a step of nanoseconds (module docstring)."""
+    return freq is not None and isinstance(parse_freq(freq), Nano)
+
+
+def time_text(ns: int | np.integer | np.datetime64, integers: bool) -> str:
+    """A point of the time axis as a message names it: the integer step it was given as for
+    integer `ds`, else its timestamp."""
+    value = pd.Timestamp(ns)
+    return str(value.value) if integers else str(value)
+
+
+def _integer_steps(col: pd.Series, series_of: Any, column: str) -> np.ndarray:
+    """Integer `ds` as datetime64[ns], refusing a missing value and steps past int64 (whose
+    least value is NaT's)."""
+    missing = col.isna().to_numpy()
+    if missing.any():
+        i = int(np.argmax(missing))
+        sid, where = series_of(i)
+        raise InvalidTimestampsError(
+            f"{where}{column} is missing at row {i}; expected an integer step",
+            series_id=sid,
+            field=column,
+        )
+    values = col.to_numpy(dtype=object if col.dtype.kind == "u" else np.int64)
+    low, high = np.iinfo(np.int64).min + 1, np.iinfo(np.int64).max
+    outside = (values < low) | (values > high)
+    if outside.any():
+        i = int(np.argmax(outside))
+        sid, where = series_of(i)
+        raise InvalidTimestampsError(
+            f"{where}{column} {values[i]} at row {i} is outside the integer steps supported, "
+            f"{low}..{high}",
+            series_id=sid,
+            field=column,
+        )
+    return values.astype(np.int64).view(_NS)
 
 
 def _mixes_zones(col: pd.Series, raw: object) -> bool:
@@ -678,9 +748,14 @@ _MONTH_SPANS = ((28, 31, 1), (59, 62, 2), (89, 92, 3), (120, 123, 4), (181, 184,
 
 
 def infer_offset(
-    ds_i8: np.ndarray, same: np.ndarray, uniques: pd.Index, codes: np.ndarray
+    ds_i8: np.ndarray,
+    same: np.ndarray,
+    uniques: pd.Index,
+    codes: np.ndarray,
+    integers: bool = False,
 ) -> BaseOffset:
-    """Guess the offset from the most common step between consecutive timestamps."""
+    """Guess the offset from the most common step between consecutive timestamps; for
+    `integers` (integer `ds`), that step in nanoseconds, whatever its length."""
     diffs = np.diff(ds_i8)[same]
     if diffs.size == 0:
         sid = str(uniques[0])
@@ -693,10 +768,20 @@ def infer_offset(
         )
     steps, counts = np.unique(diffs, return_counts=True)
     step = int(steps[np.argmax(counts)])
+    if integers:
+        return Nano(step)
     if step == HOUR_NS and (hours := business_hours(ds_i8)) is not None:
         return BusinessHour(start=time(hours[0]), end=time(hours[1] % 24))
     if step % DAY_NS:
-        return to_offset(pd.Timedelta(step, unit="ns"))
+        offset = to_offset(pd.Timedelta(step, unit="ns"))
+        if isinstance(offset, Nano):  # it would read back as integer steps (`is_integer_axis`)
+            raise FrequencyInferenceError(
+                f"cannot infer a frequency: the timestamps are {step} ns apart; expected a step "
+                "of whole microseconds, or integer ds for steps with no calendar",
+                series_id=str(uniques[0]),
+                field=TIME,
+            )
+        return offset
     days = step // DAY_NS
     first = pd.Timestamp(ds_i8[0])
     # Before daily and weekly: the 1st and 2nd of each month step by 1 day, then by 27-30;
@@ -804,6 +889,8 @@ def season_length(freq: str) -> int:
         offset = parse_freq(freq)
     except FrequencyInferenceError:
         return 1
+    if isinstance(offset, Nano):
+        return 1  # integer steps have no calendar to give them a cycle
     n = max(abs(offset.n), 1)
     per_year = {
         SemiMonthBegin: 24,
@@ -869,8 +956,9 @@ def long_season_length(freq: str) -> int:
 _MIN_CYCLE, _MIN_PATCH, _MAX_PATCH, _DEFAULT_PATCH = 4, 8, 48, 16
 
 
-def patch_length_for(freq: str | None) -> int:
-    """Steps per model token for data of `freq`: whole cycles of its main seasonal period, so
+def patch_length_for(season: int) -> int:
+    """Steps per model token for data whose main seasonal period is `season` steps (the
+    frequency's, `season_length`, or the one a configuration gives): whole cycles of it, so
     that tokens line up with the cycle (24 for hourly, 12 for monthly data).
 
     A period under 8 steps is grouped into the fewest whole cycles of at least 8 steps
@@ -878,7 +966,7 @@ def patch_length_for(freq: str | None) -> int:
     48 (quarter-hourly 96 -> 48, weekly 52 -> 26); data with no cycle of at least 4 steps uses
     16 (PatchTST's patch).
     """
-    m = season_length(freq) if freq is not None else 1
+    m = season
     if m < _MIN_CYCLE:
         return _DEFAULT_PATCH
     if m <= _MAX_PATCH:

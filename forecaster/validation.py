@@ -47,11 +47,14 @@ from forecaster.time_axis import (
     freq_alias,
     in_zone,
     infer_offset,
+    is_integer_axis,
+    is_integer_time,
     on_weekend,
     parse_freq,
     parse_timestamps,
     read_timestamps,
     steps_after,
+    time_text,
     wall_clock_for,
     zone_of,
 )
@@ -155,16 +158,18 @@ def validate_long_frame(
     ids, codes, uniques = series_codes(columns[ID])
     if wall_clock is None:
         wall_clock = wall_clock_for(freq)
-    ds, wall_clock = read_timestamps(columns[TIME], ids, wall_clock=wall_clock)
+    ds, wall_clock = read_timestamps(columns[TIME], ids, wall_clock=wall_clock, freq=freq)
+    integers = is_integer_time(columns[TIME])
+    shown = ds.view(np.int64) if integers else ds  # as messages name a row's time
     values = {
-        target: _as_float(columns[target], name=target, ids=ids, ds=ds, allow_nan=allow_missing)
+        target: _as_float(columns[target], name=target, ids=ids, ds=shown, allow_nan=allow_missing)
     }
     # A covariate may be missing where the target is (an outage of both): the model reads no
     # covariate where it reads no target, so such a gap is read as 0.
     unobserved = np.isnan(values[target]) if allow_missing else False
     for name in covariates:
         column = _as_float(
-            columns[name], name, ids, ds, allow_nan=unobserved, max_abs=MAX_ABS_COVARIATE
+            columns[name], name, ids, shown, allow_nan=unobserved, max_abs=MAX_ABS_COVARIATE
         )
         values[name] = np.where(np.isnan(column), 0.0, column) if allow_missing else column
 
@@ -175,9 +180,11 @@ def validate_long_frame(
 
     ds_i8 = ds.view(np.int64)
     same = codes[1:] == codes[:-1]
-    _check_duplicates(codes, ds_i8, same, uniques)
+    _check_duplicates(codes, ds_i8, same, uniques, integers)
     _check_length(codes, uniques, min_length, observed=~np.isnan(values[target]))
-    offset = _check_frequency(codes, ds_i8, same, uniques, freq, allow_gaps=allow_missing)
+    offset = _check_frequency(
+        codes, ds_i8, same, uniques, freq, allow_gaps=allow_missing, integers=integers
+    )
 
     ids = ids if order is None else ids.take(order)
     if allow_missing:
@@ -224,8 +231,10 @@ def infer_frequency(df: pd.DataFrame | pd.Series | pd.DatetimeIndex) -> str:
         codes, ds = codes[order], ds[order]
     ds_i8 = ds.view(np.int64)
     same = codes[1:] == codes[:-1]
-    _check_duplicates(codes, ds_i8, same, uniques)
-    return freq_alias(_check_frequency(codes, ds_i8, same, uniques, None))
+    integers = is_integer_time(times)
+    _check_duplicates(codes, ds_i8, same, uniques, integers)
+    offset = _check_frequency(codes, ds_i8, same, uniques, None, integers=integers)
+    return freq_alias(offset)
 
 
 def validate_future_frame(
@@ -272,14 +281,16 @@ def validate_future_frame(
         first = str(expected[ID].iat[0])
         raise MissingCovariatesError(
             f"future frame is empty; series {first!r} needs covariates {covariates} at "
-            f"{horizon} timestamps starting {expected[TIME].iat[0]}",
+            f"{horizon} timestamps starting "
+            f"{time_text(expected[TIME].iat[0], is_integer_axis(history.freq))}",
             series_id=first,
             field=covariates[0],
         )
     _check_frame(future_df, [ID, TIME, *covariates])
 
     ids, codes, uniques = series_codes(future_df[ID])
-    ds = parse_timestamps(future_df[TIME], ids, wall_clock=history.wall_clock)
+    ds = parse_timestamps(future_df[TIME], ids, wall_clock=history.wall_clock, freq=history.freq)
+    integers = is_integer_axis(history.freq)
     # Only the rows forecasts read are checked: a schedule may run on past them, with values
     # not known yet, or hold series not forecast now.
     keys = pd.DataFrame({ID: ids, TIME: ds})
@@ -287,7 +298,13 @@ def validate_future_frame(
     rows = np.flatnonzero(wanted["_wanted"].notna().to_numpy())
     ids, codes, ds = ids[rows], codes[rows], ds[rows]
     values = {
-        name: _as_float(future_df[name].iloc[rows], name, ids, ds, max_abs=MAX_ABS_COVARIATE)
+        name: _as_float(
+            future_df[name].iloc[rows],
+            name,
+            ids,
+            ds.view(np.int64) if integers else ds,
+            max_abs=MAX_ABS_COVARIATE,
+        )
         for name in covariates
     }
     dup = pd.DataFrame({"c": codes, "t": ds.view(np.int64)}).duplicated().to_numpy()
@@ -295,7 +312,8 @@ def validate_future_frame(
         i = int(np.argmax(dup))
         sid = str(ids[i])
         raise DuplicateTimestampsError(
-            f"series {sid!r}: future frame has timestamp {pd.Timestamp(ds[i])} more than once",
+            f"series {sid!r}: future frame has timestamp {time_text(ds[i], integers)} more "
+            "than once",
             series_id=sid,
             field=TIME,
         )
@@ -309,7 +327,7 @@ def validate_future_frame(
         raise MissingCovariatesError(
             f"series {sid!r}: future covariates {covariates} are needed at the {horizon} "
             f"timestamps after its history (freq {history.freq!r}); {n_absent} missing, the "
-            f"first at {merged[TIME].iat[i]}",
+            f"first at {time_text(merged[TIME].iat[i], integers)}",
             series_id=sid,
             field=covariates[0],
         )
@@ -332,7 +350,7 @@ def later_covariates(
     grid = future_grid(history, steps)
     later = grid[(grid.groupby(ID, sort=False).cumcount() >= horizon).to_numpy()]
     ids, _, _ = series_codes(future_df[ID])
-    ds = parse_timestamps(future_df[TIME], ids, wall_clock=history.wall_clock)
+    ds = parse_timestamps(future_df[TIME], ids, wall_clock=history.wall_clock, freq=history.freq)
     values = {c: pd.to_numeric(future_df[c], errors="coerce").to_numpy(float) for c in covariates}
     usable = np.ones(len(future_df), dtype=bool)
     for column in values.values():
@@ -549,7 +567,10 @@ def _to_float(col: pd.Series, name: str, ids: np.ndarray, ds: np.ndarray) -> np.
 
 
 def _ts(ds: np.ndarray | None, i: int) -> str:
-    return f"ds={pd.Timestamp(ds[i])}" if ds is not None else f"row {i}"
+    """Row i's time as a message names it: `ds` holds timestamps, or integer steps."""
+    if ds is None:
+        return f"row {i}"
+    return f"ds={time_text(ds[i], integers=ds.dtype.kind in 'iu')}"
 
 
 def _series_time_order(codes: np.ndarray, ds: np.ndarray) -> np.ndarray | None:
@@ -568,7 +589,9 @@ def _series_time_order(codes: np.ndarray, ds: np.ndarray) -> np.ndarray | None:
     return order
 
 
-def _check_duplicates(codes: np.ndarray, ds_i8: np.ndarray, same: np.ndarray, uniques: pd.Index):
+def _check_duplicates(
+    codes: np.ndarray, ds_i8: np.ndarray, same: np.ndarray, uniques: pd.Index, integers: bool
+) -> None:
     """Rows in series and time order (`_series_time_order`): a repeated timestamp is a step of
     0 within a series."""
     repeated = (np.diff(ds_i8) == 0) & same
@@ -577,7 +600,7 @@ def _check_duplicates(codes: np.ndarray, ds_i8: np.ndarray, same: np.ndarray, un
         sid = str(uniques[codes[i]])
         count = int(repeated[codes[1:] == codes[i]].sum())
         raise DuplicateTimestampsError(
-            f"series {sid!r}: timestamp {pd.Timestamp(ds_i8[i])} appears more than once "
+            f"series {sid!r}: timestamp {time_text(ds_i8[i], integers)} appears more than once "
             f"({count} duplicate row(s) in this series); expected one row per timestamp",
             series_id=sid,
             field=TIME,
@@ -661,11 +684,15 @@ def _check_frequency(
     uniques: pd.Index,
     freq: str | None,
     allow_gaps: bool = False,
+    integers: bool = False,
 ) -> BaseOffset:
     """The offset every series follows, checking each one is on it (without gaps unless
-    `allow_gaps`: then only timestamps off the grid are errors)."""
-    offset = parse_freq(freq) if freq is not None else infer_offset(ds_i8, same, uniques, codes)
-    if freq is None and allow_gaps and fixed_nanos(offset) in (HOUR_NS, DAY_NS):
+    `allow_gaps`: then only timestamps off the grid are errors); `integers` for integer `ds`."""
+    if freq is not None:
+        offset = parse_freq(freq)
+    else:
+        offset = infer_offset(ds_i8, same, uniques, codes, integers=integers)
+    if freq is None and allow_gaps and not integers and fixed_nanos(offset) in (HOUR_NS, DAY_NS):
         _warn_of_weekday_series(codes, ds_i8, uniques, fixed_nanos(offset))
     bad = _off_grid(ds_i8, same, offset, allow_gaps)
     if bad is None:
@@ -674,7 +701,7 @@ def _check_frequency(
     k = codes[i]
     sid = str(uniques[k])
     rows = codes == k
-    own = _series_offset(ds_i8[rows]) if not allow_gaps else None
+    own = _series_offset(ds_i8[rows], integers) if not allow_gaps else None
     source = (
         f"the given freq {freq!r}" if freq is not None else f"the inferred {freq_alias(offset)!r}"
     )
@@ -688,7 +715,8 @@ def _check_frequency(
     found = pd.Timestamp(ds_i8[i])
     if expected is None:
         raise IrregularTimestampsError(
-            f"series {sid!r}: timestamp {found} is not on the {freq_alias(offset)!r} grid ({source})",
+            f"series {sid!r}: timestamp {time_text(found, integers)} is not on the "
+            f"{freq_alias(offset)!r} grid ({source})",
             series_id=sid,
             field=TIME,
         )
@@ -699,8 +727,9 @@ def _check_frequency(
         on_grid = add_offset(add_offset(pd.DatetimeIndex([found]), offset), -offset)[0] == found
     kind = "gap" if found > expected and on_grid else "off-grid point"
     raise IrregularTimestampsError(
-        f"series {sid!r}: {kind} after {pd.Timestamp(ds_i8[i - 1])}: expected {expected} at "
-        f"frequency {freq_alias(offset)!r} ({source}), found {found}",
+        f"series {sid!r}: {kind} after {time_text(ds_i8[i - 1], integers)}: expected "
+        f"{time_text(expected, integers)} at frequency {freq_alias(offset)!r} ({source}), "
+        f"found {time_text(found, integers)}",
         series_id=sid,
         field=TIME,
     )
@@ -911,13 +940,15 @@ def _calendar_timestamps(rounds: list[_GridRound], lengths: np.ndarray) -> np.nd
     return timestamps
 
 
-def _series_offset(ds_i8: np.ndarray) -> BaseOffset | None:
+def _series_offset(ds_i8: np.ndarray, integers: bool) -> BaseOffset | None:
     """The frequency one series follows on its own, or None if it has none."""
     if ds_i8.size < 2:
         return None
     same = np.ones(ds_i8.size - 1, dtype=bool)
     try:
-        offset = infer_offset(ds_i8, same, pd.Index(["series"]), np.zeros(ds_i8.size, np.int64))
+        offset = infer_offset(
+            ds_i8, same, pd.Index(["series"]), np.zeros(ds_i8.size, np.int64), integers
+        )
     except FrequencyInferenceError:
         return None
     return offset if _off_grid(ds_i8, same, offset) is None else None
@@ -932,7 +963,7 @@ def in_callers_types(
     """The forecast with the ids and timestamps (`time_columns`) typed as in `df`: inside, ids
     are strings and timestamps tz-naive; a caller's integer, categorical or object ids or
     tz-aware `ds` come back as given, aware `ds` read back as the history was read
-    (`time_axis.zone_of`, `in_zone`)."""
+    (`time_axis.zone_of`, `in_zone`), integer `ds` as integers."""
     given_ids = pd.Series(df[ID])
     if given_ids.hasnans or not isinstance(given_ids.dtype, pd.StringDtype):
         # By text, as inside: distinct ids that compare equal (True and 1) stay apart.
@@ -944,6 +975,10 @@ def in_callers_types(
         # Text ids are their own text: a cast, not a lookup over every row of `df` (pandas
         # 3's default "str" against the forecast's "string": 1.3 s of 10 s for 10,000 series).
         forecast[ID] = forecast[ID].astype(given_ids.dtype)
+    if is_integer_time(pd.Series(df[TIME])):
+        for column in time_columns:  # back to the steps they were read from (time_axis)
+            forecast[column] = forecast[column].to_numpy(dtype="datetime64[ns]").view(np.int64)
+        return forecast
     zone = zone_of(df[TIME], wall_clock)
     if zone is not None:
         for column in time_columns:

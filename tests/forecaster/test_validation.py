@@ -157,9 +157,9 @@ def test_unparseable_timestamps_name_series_and_value():
     assert "'b'" in str(info.value)
 
 
-def test_numeric_timestamps_are_rejected():
+def test_fractional_numbers_as_timestamps_are_rejected():
     df = frame()
-    df["ds"] = np.arange(len(df))
+    df["ds"] = np.arange(len(df)) + 0.5  # integers are steps (test_integer_time)
     with pytest.raises(InvalidTimestampsError, match="numbers"):
         validate_long_frame(df)
 

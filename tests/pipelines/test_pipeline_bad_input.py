@@ -41,7 +41,7 @@ def _text_in_y(tmp_path):
 
 def _numbers_as_ds(tmp_path):
     df = _good()
-    df["ds"] = np.arange(len(df))
+    df["ds"] = np.arange(len(df)) + 0.5  # integers are steps, fractions neither
     return _write(df, tmp_path / "d.csv"), "ds holds numbers"
 
 

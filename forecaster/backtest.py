@@ -18,7 +18,7 @@ import pandas as pd
 from forecaster.data import ID, TARGET, TIME
 from forecaster.errors import EmptyDataError, InvalidConfigError, SeriesTooShortError
 from forecaster.metrics import evaluate, mase_scales, metric_by_group
-from forecaster.time_axis import is_integer_time, season_length
+from forecaster.time_axis import is_integer_axis, season_length
 from forecaster.validation import in_callers_types, validate_long_frame
 
 
@@ -150,7 +150,7 @@ def backtest(
         ) from None
 
     frame = validated.frame
-    if is_integer_time(pd.Series(df[TIME])):
+    if is_integer_axis(validated.freq):
         # Windows are predicted, and aligned on their truth, in the steps the model reads.
         frame = frame.assign(**{TIME: frame[TIME].to_numpy().view(np.int64)})
     ids = frame[ID].to_numpy()
@@ -200,7 +200,11 @@ def backtest(
         forecasts.drop(columns="cutoff"), history=frame, season_length=lag, quantiles=quantiles
     )
     shown = in_callers_types(
-        forecasts.copy(), df, bool(validated.wall_clock), time_columns=(TIME, "cutoff")
+        forecasts.copy(),
+        df,
+        bool(validated.wall_clock),
+        time_columns=(TIME, "cutoff"),
+        freq=validated.freq,
     )
     return BacktestResult(
         forecasts=shown,

@@ -106,7 +106,7 @@ def _output(
     out["mean"] = mean.reshape(-1)
     for j, q in enumerate(quantiles):
         out[quantile_column(q)] = q_values[:, :, j].reshape(-1)
-    return in_callers_types(out, df, bool(history.wall_clock))
+    return in_callers_types(out, df, bool(history.wall_clock), freq=history.freq)
 
 
 class SeasonalNaive:

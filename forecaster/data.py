@@ -25,7 +25,7 @@ from forecaster.errors import (
     NonNumericValuesError,
     SeriesTooShortError,
 )
-from forecaster.time_axis import is_aware, parse_timestamps
+from forecaster.time_axis import is_aware, is_integer_time, parse_timestamps
 
 __all__ = [
     "ID",
@@ -99,12 +99,12 @@ def _timestamps(
     col: pd.Series, ids: np.ndarray | None = None, column: str = TIME
 ) -> np.ndarray | pd.api.extensions.ExtensionArray:
     """A file's time column, checked: naive values parsed, those with a zone or UTC offset
-    kept as they are (an aware column, ISO text with offsets). Parsed, they would be naive
-    wall-clock or UTC times: a forecast of them would come back naive, an hour or two off
-    the zone it was asked in, where `predict` gives an aware history's forecasts back in its
-    zone."""
+    kept as they are (an aware column, ISO text with offsets), integer steps too. Parsed,
+    aware ones would be naive wall-clock or UTC times: a forecast of them would come back
+    naive, an hour or two off the zone it was asked in, where `predict` gives an aware
+    history's forecasts back in its zone."""
     parsed = parse_timestamps(col, ids, column=column)  # names a bad value's row and series
-    return col.array if is_aware(col) else parsed
+    return col.array if is_aware(col) or is_integer_time(col) else parsed
 
 
 def _numbers(df: pd.DataFrame, column: object, time_column: str) -> pd.Series | None:

@@ -55,11 +55,13 @@ from forecaster.glitches import mask_glitches, series_glitches
 from forecaster.model import PatchTransformer
 from forecaster.outputs import AttentionMaps, ForecastArrays, ModelOutput, no_glitches
 from forecaster.time_axis import (
+    is_integer_axis,
     parse_freq,
-    regular_range,
     same_clock,
     shift,
     steps_after,
+    synthetic_range,
+    time_text,
     wall_clock_for,
 )
 from forecaster.training import (
@@ -211,6 +213,14 @@ class Forecaster:
         return self.model_config.prediction_length
 
     @property
+    def season_length(self) -> int:
+        """Steps per seasonal cycle the model reads: the configuration's, else the
+        frequency's; the pipelines' seasonal naive repeats it. (MASE is scaled by the data's
+        frequency's season, so that models of other configurations compare.)"""
+        assert self.model_config.season_length is not None, "set by fit"
+        return self.model_config.season_length
+
+    @property
     def covariates(self) -> tuple[str, ...]:
         """Known-future covariate columns every forecast needs, history and future alike."""
         return self.model_config.covariates
@@ -307,7 +317,7 @@ class Forecaster:
         self._saved_training = None
         # In the caller's types, so that they merge back onto `df` (integer ids, a zone).
         self.training_glitches = in_callers_types(
-            _rows_frame(train, glitches), _frame(df), bool(train.wall_clock)
+            _rows_frame(train, glitches), _frame(df), bool(train.wall_clock), freq=freq
         )
         self.device = next(self.model.parameters()).device
         return self
@@ -391,7 +401,7 @@ class Forecaster:
         levels = self.check_quantiles(quantiles)
         inputs = self.prepare(df, future_df, horizon)
         forecast = self.forecast(inputs).select(horizon, levels).to_frame()
-        return in_callers_types(forecast, df, self.wall_clock)
+        return in_callers_types(forecast, df, self.wall_clock, freq=self.freq)
 
     def prepare(
         self,
@@ -539,7 +549,15 @@ class Forecaster:
         starts = shift(
             prepared.last_timestamps, self.freq, 1 - mc.n_patches * mc.patch, errors="coerce"
         )
-        context_starts = [None if pd.isna(t) else pd.Timestamp(t).isoformat() for t in starts]
+        integers = is_integer_axis(self.freq)
+        context_starts = [
+            None
+            if pd.isna(t)
+            else time_text(t, integers)
+            if integers
+            else pd.Timestamp(t).isoformat()
+            for t in starts
+        ]
         return AttentionMaps(
             series_ids=list(prepared.series_ids),
             encoder=arrays(attention.encoder),
@@ -786,9 +804,9 @@ class Forecaster:
         n = mc.context_length
         freq = self.freq or "h"
         try:
-            ds = regular_range(REFERENCE_START, n + mc.prediction_length, freq)[:n]
+            ds = synthetic_range(REFERENCE_START, n + mc.prediction_length, freq)[:n]
         except InvalidTimestampsError:  # yearly data: 336 years from 2020 pass pandas' 2262
-            ds = regular_range(EARLY_REFERENCE_START, n + mc.prediction_length, freq)[:n]
+            ds = synthetic_range(EARLY_REFERENCE_START, n + mc.prediction_length, freq)[:n]
         t = np.arange(n, dtype=np.float64)
         history = {
             "unique_id": np.repeat(np.array(["reference-a", "reference-b"], dtype=object), n),
@@ -798,7 +816,7 @@ class Forecaster:
         }
         future = None
         if mc.covariates:
-            future_ds = steps_after(ds[-1:], freq, mc.prediction_length)[0]
+            future_ds = steps_after(ds[-1:], freq, mc.prediction_length)[0].astype(ds.dtype)
             future = {
                 "unique_id": np.repeat(
                     np.array(["reference-a", "reference-b"], dtype=object), mc.prediction_length

@@ -290,6 +290,9 @@ def read_timestamps(
         return sid, "" if sid is None else f"series {sid!r}: "
 
     integers = is_integer_time(col)
+    if not integers and is_integer_axis(freq) and _is_text(col):
+        # A CSV read as text (a batch job's): the steps it spells, each checked
+        col, integers = _steps_from_text(col, series_of, column), True
     if freq is not None and integers != is_integer_axis(freq):
         sid, where = series_of(0)
         fitted = "integer steps" if not integers else f"timestamps at frequency {freq!r}"
@@ -362,8 +365,11 @@ def read_timestamps(
 
 
 def is_integer_time(col: pd.Series | np.ndarray) -> bool:
-    """Whether a `ds` column holds integer steps rather than timestamps (`bool` is neither)."""
+    """Whether a `ds` column holds integer steps rather than timestamps (`bool` is neither):
+    an integer dtype, or Python ints in an object column (JSON parsed into a frame)."""
     dtype = col.dtype
+    if dtype.kind == "O":
+        return pd.api.types.infer_dtype(col, skipna=False) == "integer"
     return pd.api.types.is_integer_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype)
 
 
@@ -372,11 +378,48 @@ def is_integer_axis(freq: str | None) -> bool:
     return freq is not None and isinstance(parse_freq(freq), Nano)
 
 
+def time_point(value: Any) -> pd.Timestamp | int:
+    """One `ds` value of a caller's frame as a point of time: an int for integer steps, else a
+    Timestamp."""
+    return int(value) if isinstance(value, int | np.integer) else pd.Timestamp(value)
+
+
+def time_label(point: pd.Timestamp | int) -> str:
+    """A `time_point` as text for logs and run tags: the integer step, or ISO 8601."""
+    return str(point) if isinstance(point, int) else point.isoformat()
+
+
 def time_text(ns: int | np.integer | np.datetime64, integers: bool) -> str:
     """A point of the time axis as a message names it: the integer step it was given as for
     integer `ds`, else its timestamp."""
     value = pd.Timestamp(ns)
     return str(value.value) if integers else str(value)
+
+
+def _is_text(col: pd.Series) -> bool:
+    return pd.api.types.is_string_dtype(col.dtype) and pd.api.types.infer_dtype(col) == "string"
+
+
+def _steps_from_text(col: pd.Series, series_of: Any, column: str) -> pd.Series:
+    """Text that spells integer steps ("1760"), as int64; `InvalidTimestampsError` naming the
+    first value that does not."""
+    stripped = col.str.strip()
+    numbers = pd.to_numeric(stripped, errors="coerce")
+    # 19 digits at most: the int64 the steps are held in (the range is checked after)
+    good = numbers.notna() & stripped.str.fullmatch(r"[+-]?\d{1,19}").fillna(False)
+    if not good.all():
+        i = int(np.argmin(good.to_numpy()))
+        sid, where = series_of(i)
+        raise InvalidTimestampsError(
+            f"{where}{column} value {col.iat[i]!r} at row {i} is not an integer step, which "
+            "the model was fitted on",
+            series_id=sid,
+            field=column,
+        )
+    try:
+        return stripped.astype("int64")
+    except (OverflowError, ValueError):
+        return pd.Series([int(v) for v in stripped], dtype=object)  # `_integer_steps` names it
 
 
 def _integer_steps(col: pd.Series, series_of: Any, column: str) -> np.ndarray:
@@ -391,7 +434,7 @@ def _integer_steps(col: pd.Series, series_of: Any, column: str) -> np.ndarray:
             series_id=sid,
             field=column,
         )
-    values = col.to_numpy(dtype=object if col.dtype.kind == "u" else np.int64)
+    values = col.to_numpy(dtype=object if col.dtype.kind in "uO" else np.int64)
     low, high = np.iinfo(np.int64).min + 1, np.iinfo(np.int64).max
     outside = (values < low) | (values > high)
     if outside.any():
@@ -553,8 +596,9 @@ def regular_range(
     offset = parse_freq(freq)
     if wall_clock is None:
         wall_clock = wall_clock_for(freq)
-    given = parse_timestamps(pd.Series([start]), wall_clock=wall_clock)
-    first = np.array([offset.rollforward(pd.Timestamp(given[0]))], dtype=_NS)
+    given = parse_timestamps(pd.Series([start]), wall_clock=wall_clock, column="start", freq=freq)
+    # to_datetime64: numpy would read a Timestamp as a datetime, dropping its nanoseconds
+    first = np.array([offset.rollforward(pd.Timestamp(given[0])).as_unit("ns").to_datetime64()])
     if not roll_forward and first[0] != given[0]:
         raise InvalidTimestampsError(
             f"start {pd.Timestamp(given[0])} is not on the {freq!r} grid; the next step on it "
@@ -566,6 +610,15 @@ def regular_range(
         if periods > 1
         else first[:periods]
     )
+
+
+def synthetic_range(start: str, periods: int, freq: str) -> np.ndarray:
+    """``periods`` steps of ``freq`` for a synthetic history (a reference forecast, a smoke
+    test), typed as a caller's `ds` of that frequency is: timestamps from ``start``, or
+    integer steps from 0 for integer ds (`is_integer_axis`)."""
+    if is_integer_axis(freq):
+        return regular_range(0, periods, freq).view(np.int64)
+    return regular_range(start, periods, freq)
 
 
 def steps_after(

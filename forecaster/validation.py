@@ -959,11 +959,13 @@ def in_callers_types(
     df: pd.DataFrame | Mapping[str, np.ndarray],
     wall_clock: bool,
     time_columns: Sequence[str] = (TIME,),
+    freq: str | None = None,
 ) -> pd.DataFrame:
     """The forecast with the ids and timestamps (`time_columns`) typed as in `df`: inside, ids
     are strings and timestamps tz-naive; a caller's integer, categorical or object ids or
     tz-aware `ds` come back as given, aware `ds` read back as the history was read
-    (`time_axis.zone_of`, `in_zone`), integer `ds` as integers."""
+    (`time_axis.zone_of`, `in_zone`); integer `ds`, or any `ds` of a model of integer `freq`
+    (text that spelt steps), as integers."""
     given_ids = pd.Series(df[ID])
     if given_ids.hasnans or not isinstance(given_ids.dtype, pd.StringDtype):
         # By text, as inside: distinct ids that compare equal (True and 1) stay apart.
@@ -975,7 +977,7 @@ def in_callers_types(
         # Text ids are their own text: a cast, not a lookup over every row of `df` (pandas
         # 3's default "str" against the forecast's "string": 1.3 s of 10 s for 10,000 series).
         forecast[ID] = forecast[ID].astype(given_ids.dtype)
-    if is_integer_time(pd.Series(df[TIME])):
+    if is_integer_axis(freq) or is_integer_time(pd.Series(df[TIME])):
         for column in time_columns:  # back to the steps they were read from (time_axis)
             forecast[column] = forecast[column].to_numpy(dtype="datetime64[ns]").view(np.int64)
         return forecast

@@ -178,3 +178,20 @@ def test_a_given_season_is_kept_for_integer_ds(steps):
     resolved = ModelConfig(prediction_length=8, season_length=12).for_frequency("7ns")
     assert resolved.season_length == 12 and resolved.patch_length == 12
     assert ModelConfig(prediction_length=8).for_frequency("7ns").season_length == 1
+
+
+def test_text_that_spells_steps_reads_as_steps_for_a_step_model(fitted_on_steps, steps):
+    """A CSV read as text (the service's batch jobs) forecasts as the integers it spells."""
+    as_text = steps.astype({"ds": "str"})
+    pd.testing.assert_frame_equal(fitted_on_steps.predict(as_text), fitted_on_steps.predict(steps))
+    as_text.loc[7, "ds"] = "12x"
+    with pytest.raises(InvalidTimestampsError, match=r"'12x' at row 7 is not an integer step"):
+        fitted_on_steps.predict(as_text)
+
+
+def test_steps_beyond_int64_are_refused_by_value():
+    df = pd.DataFrame(
+        {"unique_id": "a", "ds": np.array([1, 2, 2**63], dtype=np.uint64), "y": [1.0, 2.0, 3.0]}
+    )
+    with pytest.raises(InvalidTimestampsError, match=r"9223372036854775808 at row 2 is outside"):
+        validate_long_frame(df)

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from forecaster.errors import ForecasterInputError
+from service.schemas import UNION_TAGS
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +169,8 @@ def _series_id_at(body: Any, index: int) -> str | None:
 def _loc_to_field(loc: tuple[Any, ...]) -> str:
     parts: list[str] = []
     for item in loc:
+        if item in UNION_TAGS:  # which kind of time a value was read as: no field of its own
+            continue
         if isinstance(item, int) and parts:
             parts[-1] = f"{parts[-1]}[{item}]"
         else:

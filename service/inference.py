@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,9 @@ from forecaster.errors import ForecasterInputError, SeriesTooShortError
 from forecaster.forecaster import ModelInputs
 from forecaster.outputs import ForecastArrays
 from forecaster.time_axis import (
+    is_integer_axis,
     parse_freq,
+    parse_timestamps,
     read_datetimes,
     regular_range,
     steps_after,
@@ -200,6 +203,7 @@ def request_frames(
     reads them.
     """
     longest = horizon if max_horizon is None else max(horizon, max_horizon)
+    integers = is_integer_axis(model_freq)
     ids: list[np.ndarray] = []
     stamps: list[np.ndarray] = []
     values: list[np.ndarray] = []
@@ -215,7 +219,10 @@ def request_frames(
                 field="y",
             )
         try:
-            if s.timestamps is not None:
+            if s.timestamps is not None and (integers or _are_steps(s.timestamps)):
+                # integer steps, and the model's kind of ds checked, as in a frame's column
+                ds = parse_timestamps(np.array(s.timestamps), column="timestamps", freq=model_freq)
+            elif s.timestamps is not None:
                 ds, _ = read_datetimes(s.timestamps, wall_clock=wall_clock)
             else:
                 ds = regular_range(s.start, n, s.freq, roll_forward=False, wall_clock=wall_clock)
@@ -389,6 +396,17 @@ def _item_forecast(item: OnlineItem, rows: ForecastArrays, parts: FrameParts) ->
 # -- responses -------------------------------------------------------------------------------
 
 
+def _are_steps(timestamps: Sequence[datetime | int]) -> bool:
+    """Whether a series' timestamps are integer steps (the schema gives all of one kind)."""
+    return bool(timestamps) and isinstance(timestamps[0], int)
+
+
+def _times(values: np.ndarray, freq: str) -> list[str] | list[int]:
+    """Datetime64 `values` as a response gives them: integer steps for a model fitted on
+    integer ds (`time_axis.is_integer_axis`), else ISO 8601 text (`_iso`)."""
+    return values.view(np.int64).tolist() if is_integer_axis(freq) else _iso(values)
+
+
 def _iso(values: np.ndarray) -> list[str]:
     """ISO 8601 text of datetime64 `values`: to the second when they all fall on one, else
     to the nanosecond they carry (a 500 ms series' steps must not collapse onto seconds)."""
@@ -424,13 +442,14 @@ def render_forecast(forecast: ItemForecast, horizon: int, include_attention: boo
             for s, sid in enumerate(maps.series_ids)
         }
     forecasts = []
+    freq = forecast.model.forecaster.freq
     for s, sid in enumerate(forecast.series_ids):
         entry: dict[str, Any] = {
             "id": sid,
-            "timestamps": _iso(forecast.timestamps[s]),
+            "timestamps": _times(forecast.timestamps[s], freq),
             "mean": forecast.mean[s].tolist(),
             "quantiles": {f"{q:g}": arr[s].tolist() for q, arr in forecast.quantiles.items()},
-            "glitches": _iso(forecast.glitches[s]),
+            "glitches": _times(forecast.glitches[s], freq),
         }
         if attention is not None:
             entry["attention"] = attention.get(sid)
@@ -453,7 +472,7 @@ def render_mlflow(forecast: ItemForecast, ids: Mapping[str, Any] | None = None) 
     series_ids = forecast.series_ids if ids is None else [ids[i] for i in forecast.series_ids]
     columns: dict[str, list[Any]] = {
         "unique_id": np.repeat(np.asarray(series_ids, dtype=object), h).tolist(),
-        "ds": _iso(forecast.timestamps.reshape(s * h)),
+        "ds": _times(forecast.timestamps.reshape(s * h), forecast.model.forecaster.freq),
         "mean": forecast.mean.reshape(s * h).tolist(),
     }
     for q, arr in forecast.quantiles.items():

@@ -268,16 +268,18 @@ class CallersTypes:
     the core reads ids as text and timestamps naive (as the model reads them, on their zone's
     wall clock or in UTC), and integer ids or Berlin times would otherwise come back as
     '7' and as naive times an hour off, where `forecaster predict` and `/invocations` give
-    them back as given. A CSV's are text, and stay so."""
+    them back as given. A CSV's are text, and stay so. A model fitted on integer ds gives
+    its steps back as integers, whatever the file."""
 
     id_type: pa.DataType | None = None  # None: the ids are text
     zone: str | None = None  # None: the timestamps are naive
     wall_clock: bool = False  # how the model reads aware timestamps
+    steps: bool = False  # integer ds (`time_axis.is_integer_axis`), held as nanoseconds inside
 
     @staticmethod
-    def of(path: Path, fmt: str, wall_clock: bool) -> CallersTypes:
+    def of(path: Path, fmt: str, wall_clock: bool, steps: bool = False) -> CallersTypes:
         if fmt != "parquet":
-            return CallersTypes()
+            return CallersTypes(steps=steps)
         schema = pq.read_schema(path)
         id_type = schema.field("unique_id").type
         if pa.types.is_dictionary(id_type):
@@ -285,7 +287,7 @@ class CallersTypes:
         text = pa.types.is_string(id_type) or pa.types.is_large_string(id_type)
         ds_type = schema.field("ds").type
         zone = ds_type.tz if pa.types.is_timestamp(ds_type) else None
-        return CallersTypes(None if text else id_type, zone, wall_clock)
+        return CallersTypes(None if text else id_type, zone, wall_clock, steps)
 
     def restore(self, table: pa.Table) -> pa.Table:
         """A result or glitches table (text ids, naive `ds`) typed as the input was."""
@@ -295,7 +297,10 @@ class CallersTypes:
                 table = table.set_column(
                     table.schema.get_field_index("unique_id"), "unique_id", ids
                 )
-        if self.zone is not None:
+        if self.steps:
+            steps = table.column("ds").cast(pa.timestamp("ns")).cast(pa.int64())
+            table = table.set_column(table.schema.get_field_index("ds"), "ds", steps)
+        elif self.zone is not None:
             ds = pd.Series(table.column("ds").to_numpy(), dtype="datetime64[ns]")
             zoned = pa.array(in_zone(ds, self.zone, self.wall_clock))
             table = table.set_column(table.schema.get_field_index("ds"), "ds", zoned)

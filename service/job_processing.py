@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from forecaster import Forecaster
 from forecaster.errors import ForecasterInputError, MissingValuesError, SeriesNotContiguousError
 from forecaster.outputs import ForecastArrays
+from forecaster.time_axis import is_integer_axis
 from pipelines.forecast_log import records
 from pipelines.predict import forecast_batch
 from pipelines.series_chunks import whole_series_chunks
@@ -187,7 +188,9 @@ def process_job(ctx: JobContext) -> None:
             )
     if n_done == 0:  # streamed: no chunk, since no row
         raise no_rows_error()
-    callers = CallersTypes.of(input_path, job.input_format, forecaster.wall_clock)
+    callers = CallersTypes.of(
+        input_path, job.input_format, forecaster.wall_clock, is_integer_axis(forecaster.freq)
+    )
     if any(glitches_part(files, p).exists() for p in range(n_done)):
         write_glitches(files, n_done, callers)
     assemble(files, n_done, job.output_format, callers)

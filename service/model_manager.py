@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from forecaster import Forecaster
-from forecaster.time_axis import regular_range, steps_after
+from forecaster.time_axis import steps_after, synthetic_range
 from service.metrics import ServiceMetrics
 from service.settings import ServiceSettings
 
@@ -170,7 +170,7 @@ def smoke_test(forecaster: Forecaster) -> None:
     mc = forecaster.model_config
     length = forecaster.context_length
     freq = forecaster.freq or "h"
-    ds = regular_range("2024-01-01", length, freq)
+    ds = synthetic_range("2024-01-01", length, freq)
     t = np.arange(length, dtype=np.float64)
     frames = []
     for k, sid in enumerate(("smoke-a", "smoke-b")):
@@ -181,7 +181,7 @@ def smoke_test(forecaster: Forecaster) -> None:
     history = pd.concat(frames, ignore_index=True)
     future = None
     if mc.covariates:
-        future_ds = steps_after(ds[-1:], freq, forecaster.max_horizon)[0]
+        future_ds = steps_after(ds[-1:], freq, forecaster.max_horizon)[0].astype(ds.dtype)
         future = pd.concat(
             [
                 pd.DataFrame(

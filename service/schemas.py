@@ -6,13 +6,44 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    model_validator,
+)
 
 
 def _check_quantiles(value: list[float] | None) -> list[float] | None:
     if value is not None and len(set(value)) != len(value):
         raise ValueError(f"quantiles must be distinct, got {value}")
     return value
+
+
+# The two kinds of time a series may give: timestamps, or integer steps for a model fitted on
+# integer ds. Tagged unions, so that a bad value is reported once, by the kind it was read as,
+# and the tags, which are no field of the request, are left out of error locations.
+UNION_TAGS = ("datetimes", "steps")
+
+
+def _time_kind(value: Any) -> str:
+    """The union branch a time value takes: steps for an int (JSON true is none), or a list
+    whose first item is one; timestamps otherwise."""
+    first = value[0] if isinstance(value, list) and value else value
+    return "steps" if isinstance(first, int) and not isinstance(first, bool) else "datetimes"
+
+
+Timestamps = Annotated[
+    Annotated[list[datetime], Tag("datetimes")] | Annotated[list[int], Tag("steps")],
+    Discriminator(_time_kind),
+]
+Start = Annotated[
+    Annotated[datetime, Tag("datetimes")] | Annotated[int, Tag("steps")],
+    Discriminator(_time_kind),
+]
 
 
 # Strict: JSON true is not a quantile level nor a horizon (pydantic's lax mode reads it as 1).
@@ -45,7 +76,7 @@ class SeriesIn(BaseModel):
                 {
                     "required": ["start", "freq"],
                     "properties": {
-                        "start": {"type": "string"},
+                        "start": {"type": ["string", "integer"]},
                         "freq": {"type": "string"},
                         "timestamps": {"type": "null"},
                     },
@@ -58,16 +89,19 @@ class SeriesIn(BaseModel):
     values: list[float | None] = Field(
         description="Observed values, oldest first; null is a missing value (masked, like a gap)."
     )
-    timestamps: list[datetime] | None = Field(
+    timestamps: Timestamps | None = Field(
         None,
-        description="One ISO 8601 timestamp per value. Give these or start + freq. With "
-        "offsets, they are read on their local clock for a model of daily or coarser steps, "
-        "in UTC for a shorter one; the forecast's timestamps are naive, read the same way.",
+        description="One ISO 8601 timestamp per value, or one integer step per value for a "
+        "model fitted on integer ds (its freq 'ns', '7ns': steps of 1, 7). Give these or "
+        "start + freq. With offsets, they are read on their local clock for a model of daily "
+        "or coarser steps, in UTC for a shorter one; the forecast's timestamps are naive, "
+        "read the same way.",
     )
-    start: datetime | None = Field(
+    start: Start | None = Field(
         None,
-        description="Timestamp of the first value; with an offset, read on its local clock "
-        "for a freq of whole days or coarser, in UTC for a shorter one.",
+        description="Timestamp of the first value (an integer step for a model fitted on "
+        "integer ds); with an offset, read on its local clock for a freq of whole days or "
+        "coarser, in UTC for a shorter one.",
     )
     freq: str | None = Field(
         None,
@@ -176,12 +210,13 @@ class AttentionOut(BaseModel):
 
 class SeriesForecast(BaseModel):
     id: str
-    timestamps: list[str]
+    # integer steps for a model fitted on integer ds
+    timestamps: list[str] | list[int]
     mean: list[float]
     quantiles: dict[str, list[float]] = Field(
         description="Forecast per quantile, keyed by the quantile as text, e.g. '0.1'."
     )
-    glitches: list[str] = Field(
+    glitches: list[str] | list[int] = Field(
         default_factory=list,
         description=(
             "Timestamps of readings the model ignored as glitches: each lay far from its "

@@ -72,7 +72,9 @@ def evaluate(
     horizon = forecaster.max_horizon
     started = time.perf_counter()
     model_bt = forecaster.backtest(frame, n_windows=n_windows, horizon=horizon)
-    naive = SeasonalNaive(horizon=horizon, quantiles=forecaster.quantiles)
+    naive = SeasonalNaive(
+        season_length=forecaster.season_length, horizon=horizon, quantiles=forecaster.quantiles
+    )
     naive.fit(frame)
     naive_bt = backtest(  # on the windows the model is scored on
         naive, frame, n_windows=n_windows, horizon=horizon, context_length=forecaster.context_length

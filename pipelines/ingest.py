@@ -13,6 +13,7 @@ import pandas as pd
 
 from forecaster.data import load_frame
 from forecaster.errors import SeriesTooShortError
+from forecaster.time_axis import is_integer_axis, time_label, time_point
 from forecaster.validation import ValidatedFrame, validate_long_frame
 
 logger = logging.getLogger(__name__)
@@ -26,8 +27,8 @@ class IngestResult:
     freq: str  # pandas offset alias, e.g. "h"
     n_series: int
     fingerprint: str  # "sha256:<hex>" of the validated content; same data -> same value
-    start: pd.Timestamp  # earliest timestamp
-    end: pd.Timestamp  # latest timestamp
+    start: pd.Timestamp | int  # earliest timestamp (an int for integer ds)
+    end: pd.Timestamp | int  # latest timestamp
     source: str  # the file it came from, or "<frame>"
     # Series too short for the run's split, left out of `frame` (`ingest(leave_out_short=True)`).
     left_out: tuple[str, ...] = ()
@@ -40,8 +41,8 @@ class IngestResult:
             "data.n_series": self.n_series,
             "data.n_series_left_out": len(self.left_out),
             "data.n_rows": len(self.frame),
-            "data.start": self.start.isoformat(),
-            "data.end": self.end.isoformat(),
+            "data.start": time_label(self.start),
+            "data.end": time_label(self.end),
         }
 
 
@@ -95,6 +96,8 @@ def ingest(
             f"{exc.message}; {requirement}", series_id=exc.series_id, field=exc.field
         ) from None
     frame = validated.frame
+    if is_integer_axis(validated.freq):  # steps stay steps, as the model is fitted on them
+        frame = frame.assign(ds=frame["ds"].to_numpy().view(np.int64))
     if left_out:
         frame = frame[~frame["unique_id"].isin(left_out)].reset_index(drop=True)
         logger.warning(
@@ -124,8 +127,8 @@ def ingest(
         freq=validated.freq,
         n_series=validated.n_series - len(left_out),
         fingerprint=fingerprint(frame),
-        start=pd.Timestamp(frame["ds"].min()),
-        end=pd.Timestamp(frame["ds"].max()),
+        start=time_point(frame["ds"].min()),
+        end=time_point(frame["ds"].max()),
         source=name,
         left_out=left_out,
     )

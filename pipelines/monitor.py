@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -36,7 +37,7 @@ from mlflow.tracking import MlflowClient
 
 from forecaster.metrics import coded_mase_scales
 from forecaster.plotting import plot_metric_over_time
-from forecaster.time_axis import season_length
+from forecaster.time_axis import is_integer_time, season_length, time_label, time_point
 from forecaster.validation import ID, TARGET, TIME
 from pipelines.forecast_log import TEXT_COLUMNS, CodedLog, read_log_parts
 from pipelines.ingest import IngestResult
@@ -68,8 +69,8 @@ class VersionAccuracy:
     level: float  # the interval's nominal coverage (0.8 for q0.1..q0.9); NaN without
     points: int  # forecast steps scored
     series: int
-    first_ds: pd.Timestamp
-    last_ds: pd.Timestamp
+    first_ds: pd.Timestamp | int  # an int for integer ds (`time_axis.time_point`)
+    last_ds: pd.Timestamp | int
 
     def as_tags(self) -> dict[str, str]:
         values = {
@@ -79,7 +80,7 @@ class VersionAccuracy:
             "level": f"{self.level:.6g}",
             "points": str(self.points),
             "series": str(self.series),
-            "until": self.last_ds.isoformat(),
+            "until": time_label(self.last_ds),
         }
         return {REALISED_PREFIX + k: v for k, v in values.items()}
 
@@ -156,7 +157,7 @@ def score_parts(
         if part.series is not ids:  # parts of one read share their ids: looked up once
             ids, to_actual = part.series, history.series.get_indexer(part.series)
         tallies.append(_tally(part, to_actual, history, by_step or {}))
-    return _realised(tallies)
+    return _realised(tallies, integers=is_integer_time(actuals[TIME]))
 
 
 class _History:
@@ -318,7 +319,9 @@ def _tally(
     return _Tally(*tallies, log_rows=len(rows))
 
 
-def _realised(tallies: list[_Tally]) -> Realised:
+def _realised(tallies: list[_Tally], integers: bool = False) -> Realised:
+    """The tallies summed per version; times as integer steps for integer ds (inside, the
+    log and the actuals share the nanosecond axis they are read on)."""
     log_rows = sum(t.log_rows for t in tallies)
     tallies = [t for t in tallies if len(t.series)]  # parts with rows scored
     if not tallies:
@@ -331,6 +334,8 @@ def _realised(tallies: list[_Tally]) -> Realised:
         .sum()
         .reset_index()
     )
+    if integers:
+        by_origin["origin"] = by_origin["origin"].to_numpy(dtype="datetime64[ns]").view(np.int64)
     versions, at_steps = {}, {}
     for version, group in series.groupby("model_version", sort=True):
         # MASE per series over the rows with a scale, then the mean over the series.
@@ -351,8 +356,8 @@ def _realised(tallies: list[_Tally]) -> Realised:
             level=level,
             points=points,
             series=len(group),
-            first_ds=pd.Timestamp(group["first_ds"].min()),
-            last_ds=pd.Timestamp(group["last_ds"].max()),
+            first_ds=_point(group["first_ds"].min(), integers),
+            last_ds=_point(group["last_ds"].max(), integers),
         )
         known = group["expected_n"] > 0
         if known.any():
@@ -486,6 +491,10 @@ def monitor(
     return result
 
 
+def _point(value: Any, integers: bool) -> pd.Timestamp | int:
+    return time_point(pd.Timestamp(value).value if integers else value)
+
+
 def _version_key(version: str) -> tuple[int, str]:
     return (int(version), "") if version.isdigit() else (10**9, version)
 
@@ -571,7 +580,7 @@ def _log(result: MonitorResult, client: MlflowClient, run_id: str, model_name: s
 def _by_origin(by_origin: pd.DataFrame) -> pd.DataFrame:
     """Mean scaled error per version and origin (by day when there are many origins)."""
     origin = by_origin["origin"]
-    if origin.nunique() > _MAX_PLOT_ORIGINS:
+    if origin.dtype.kind == "M" and origin.nunique() > _MAX_PLOT_ORIGINS:  # steps: as they are
         origin = origin.dt.floor("D")
     sums = (
         by_origin.assign(time=origin, group="v" + by_origin["model_version"].astype(str))

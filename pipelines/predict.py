@@ -316,12 +316,13 @@ def predict_file(
             # Ids and an aware ds come back as given (integer ids, the zone), as from
             # Forecaster.predict.
             wall_clock = forecaster.wall_clock
-            writer.write(in_callers_types(forecast.to_frame(), batch, wall_clock))
+            typed = {"wall_clock": wall_clock, "freq": forecaster.freq}
+            writer.write(in_callers_types(forecast.to_frame(), batch, **typed))
             counts = np.fromiter((len(g) for g in forecast.glitches), dtype=np.int64)
             n_glitches += int(counts.sum())
             n_glitched_series += int((counts > 0).sum())
             if glitch_writer is not None:
-                glitch_writer.write(in_callers_types(forecast.glitch_frame(), batch, wall_clock))
+                glitch_writer.write(in_callers_types(forecast.glitch_frame(), batch, **typed))
             if staged is not None:
                 staged.append(records(forecast, model_name=ref.name, model_version=ref.version))
             n_series += int(batch[ID].nunique())

@@ -297,7 +297,11 @@ def promote(
             champion_problem = f"champion version {champion.version} cannot be loaded: {exc}"
 
     challenger_scores = window_scores(challenger_model, frame, horizon, metric, n_windows)
-    naive = SeasonalNaive(horizon=horizon, quantiles=challenger_model.quantiles).fit(frame)
+    naive = SeasonalNaive(
+        season_length=challenger_model.season_length,
+        horizon=horizon,
+        quantiles=challenger_model.quantiles,
+    ).fit(frame)
     baseline_scores = window_scores(
         naive, frame, horizon, metric, n_windows, challenger_model.context_length
     )

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 
 from forecaster import Forecaster
 from forecaster.errors import TrainingDivergedError
+from forecaster.time_axis import time_label
 from pipelines import tracking
 from pipelines.ingest import IngestResult
 from pipelines.promote import DECISION, PREVIOUS_CHAMPION
@@ -117,7 +118,7 @@ def _refit_in(
         "refit version %s's configuration on all %d series up to %s: %d epoch(s)",
         evaluated_version.version,
         data.frame["unique_id"].nunique(),
-        data.end.isoformat(),
+        time_label(data.end),
         len(factors),
     )
     with tracking.tracking_errors(client.tracking_uri):
@@ -146,7 +147,7 @@ def _refit_in(
                 **carried,
                 REFIT_OF: evaluated_version.version,
                 "train.data": "all",
-                "train.window_end": data.end.isoformat(),
+                "train.window_end": time_label(data.end),
                 "train.epochs": str(len(factors)),
                 "train.glitches": str(refitted.train_result.n_glitches),
                 "code_version": code_version(),
@@ -159,7 +160,7 @@ def _refit_in(
             description=(
                 f"Refit of version {evaluated_version.version} on all "
                 f"{data.frame['unique_id'].nunique()} series of {data.source} up to "
-                f"{data.end.isoformat()}: its configuration, epochs and learning rates, the "
+                f"{time_label(data.end)}: its configuration, epochs and learning rates, the "
                 "validation and backtest windows included; serves as champion in its place "
                 "(its scores are version "
                 f"{evaluated_version.version}'s)."

@@ -37,6 +37,7 @@ from mlflow.tracking import MlflowClient
 
 from forecaster import ModelConfig
 from forecaster.errors import ForecasterInputError
+from forecaster.time_axis import time_label
 from pipelines import tracking
 from pipelines.evaluate import Evaluation, evaluate
 from pipelines.ingest import IngestResult, ingest
@@ -354,9 +355,9 @@ def train_and_register(
             **({TRAINING_INPUTS: inputs} if inputs else {}),
             "data.fingerprint": data.fingerprint,
             "data.source": data.source,
-            "data.end": data.end.isoformat(),
-            "train.window_end": parts.val_end.isoformat(),
-            "train.train_end": parts.train_end.isoformat(),
+            "data.end": time_label(data.end),
+            "train.window_end": time_label(parts.val_end),
+            "train.train_end": time_label(parts.train_end),
             "train.glitches": str(outcome.glitches),
             "code_version": code_version(),
             # Every backtest score: monitoring compares the realised MASE with backtest.mase,
@@ -366,7 +367,7 @@ def train_and_register(
         },
         description=(
             f"Trained on {data.frame['unique_id'].nunique()} series of {data.source} up to "
-            f"{parts.val_end.isoformat()} (run {run.run_name}). Backtest MASE "
+            f"{time_label(parts.val_end)} (run {run.run_name}). Backtest MASE "
             f"{evaluation.model.get('mase', float('nan')):.4g} vs seasonal naive "
             f"{evaluation.baseline.get('mase', float('nan')):.4g} over the last "
             f"{evaluation.n_windows} x {evaluation.horizon} points of each series."

@@ -48,7 +48,7 @@ import forecaster.errors as forecaster_errors
 from forecaster import Forecaster
 from forecaster.data import MISSING_TOKENS
 from forecaster.errors import EmptyDataError, ForecasterInputError, MissingColumnsError
-from forecaster.time_axis import in_zone, regular_range
+from forecaster.time_axis import in_zone, is_integer_axis, synthetic_range
 from forecaster.validation import ID, TARGET, TIME, parse_timestamps
 from pipelines.predict import (
     _CSV,
@@ -180,6 +180,13 @@ def _forecast(
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, StructField, TimestampNTZType
 
+    if is_integer_axis(forecaster.freq):
+        # Its output schema is Spark's timestamp; integer steps would come back as 1970 times.
+        raise ForecasterInputError(
+            f"model {model}: fitted on integer ds (freq {forecaster.freq!r}), which the spark "
+            "engine does not forecast; use the local engine (--engine local)",
+            field="engine",
+        )
     # Workers load this exact version (or an absolute directory), however the alias moves.
     pinned = f"models:/{ref.name}/{ref.version}" if ref else str(Path(model).resolve())
     covariates = list(forecaster.model_config.covariates)
@@ -232,7 +239,7 @@ def output_schema(
     probe = pd.DataFrame(
         {
             ID: "probe",
-            TIME: regular_range("2000-01-03", steps, forecaster.freq),
+            TIME: synthetic_range("2000-01-03", steps, forecaster.freq),
             TARGET: [0.0] + [np.nan] * (steps - 1),
             **{name: 0.0 for name in covariates},
         }

@@ -20,6 +20,7 @@ import pandas as pd
 
 from forecaster import ModelConfig
 from forecaster.data import time_split
+from forecaster.time_axis import time_label, time_point
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,8 @@ class DataSplit:
     train: pd.DataFrame
     val: pd.DataFrame  # L points of history + val_length points
     test: pd.DataFrame  # L points of history + test_length points
-    train_end: pd.Timestamp  # last training timestamp (over all series)
-    val_end: pd.Timestamp  # last timestamp the model was fitted or early-stopped on
+    train_end: pd.Timestamp | int  # last training timestamp (over all series; int: steps)
+    val_end: pd.Timestamp | int  # last timestamp the model was fitted or early-stopped on
 
     def as_params(self) -> dict[str, object]:
         return {
@@ -86,8 +87,8 @@ class DataSplit:
             "split.test_length": self.plan.test_length,
             "split.backtest_windows": self.plan.backtest_windows,
             "split.train_rows": len(self.train),
-            "split.train_end": self.train_end.isoformat(),
-            "split.val_end": self.val_end.isoformat(),
+            "split.train_end": time_label(self.train_end),
+            "split.val_end": time_label(self.val_end),
         }
 
 
@@ -110,6 +111,6 @@ def split(frame: pd.DataFrame, plan: SplitPlan) -> DataSplit:
         train=parts.train,
         val=parts.val,
         test=parts.test,
-        train_end=pd.Timestamp(parts.train["ds"].max()),
-        val_end=pd.Timestamp(parts.val["ds"].max()),
+        train_end=time_point(parts.train["ds"].max()),
+        val_end=time_point(parts.val["ds"].max()),
     )

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from forecaster import Forecaster, ModelConfig, TrainConfig
+from forecaster.errors import ForecasterInputError
 from forecaster.synthetic import generate_synthetic
 from pipelines.cli import main
 from pipelines.predict import predict_file
@@ -166,3 +167,14 @@ def test_aware_parquet_is_read_and_written_as_the_local_path_does(spark, tmp_pat
     if freq == "D":
         assert (local["ds"].dt.hour == 0).all()
     _assert_same_rows(pd.read_parquet(tmp_path / "out"), local)
+
+
+def test_a_model_of_integer_steps_is_refused_by_name(spark, tmp_path):
+    """Spark writes timestamps; integer steps are forecast by the local engine."""
+    frame = pd.DataFrame(
+        {"unique_id": "a", "ds": np.arange(120), "y": np.sin(np.arange(120) / 3.0)}
+    )
+    model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**{**TINY_TRAIN, "max_epochs": 1}))
+    model.fit(frame).save(tmp_path / "model")
+    with pytest.raises(ForecasterInputError, match="integer ds .*--engine local"):
+        forecast_spark(spark.createDataFrame(frame), str(tmp_path / "model"))

@@ -178,15 +178,8 @@ def _forecast(
     """The forecasts; with `glitches`, a column `_GLITCHES` holds each series' glitch
     timestamps on its first row (null elsewhere)."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import ArrayType, StructField, TimestampNTZType
+    from pyspark.sql.types import ArrayType, StructField
 
-    if is_integer_axis(forecaster.freq):
-        # Its output schema is Spark's timestamp; integer steps would come back as 1970 times.
-        raise ForecasterInputError(
-            f"model {model}: fitted on integer ds (freq {forecaster.freq!r}), which the spark "
-            "engine does not forecast; use the local engine (--engine local)",
-            field="engine",
-        )
     # Workers load this exact version (or an absolute directory), however the alias moves.
     pinned = f"models:/{ref.name}/{ref.version}" if ref else str(Path(model).resolve())
     covariates = list(forecaster.model_config.covariates)
@@ -200,7 +193,7 @@ def _forecast(
     schema = output_schema(forecaster, horizon=horizon, quantiles=quantiles)
     columns = tuple(schema.fieldNames())
     if glitches:
-        schema = schema.add(StructField(_GLITCHES, ArrayType(TimestampNTZType())))
+        schema = schema.add(StructField(_GLITCHES, ArrayType(schema[TIME].dataType)))
     n_buckets = buckets or int(df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
     score = functools.partial(
         _forecast_group,
@@ -226,6 +219,7 @@ def output_schema(
     from pyspark.sql.types import (
         DoubleType,
         FloatType,
+        LongType,
         StringType,
         StructField,
         StructType,
@@ -245,7 +239,9 @@ def output_schema(
         }
     )
     sample = forecast_batch(forecaster, probe, horizon=horizon, quantiles=quantiles).to_frame()
-    fields = [StructField(ID, StringType()), StructField(TIME, TimestampNTZType())]
+    # Integer ds (`time_axis.is_integer_axis`) is written as the steps it was given as.
+    time_type = LongType() if is_integer_axis(forecaster.freq) else TimestampNTZType()
+    fields = [StructField(ID, StringType()), StructField(TIME, time_type)]
     for name in sample.columns[2:]:
         kind = FloatType() if sample[name].dtype == np.float32 else DoubleType()
         fields.append(StructField(name, kind))
@@ -276,14 +272,22 @@ def _forecast_group(
         _WORKER_MODELS[key] = load_model(model, tracking_uri=tracking_uri, device=device)[0]
     forecaster = _WORKER_MODELS[key]
     frame = _read_csv_missing(frame, [TARGET, *forecaster.model_config.covariates])
-    arrays = forecast_batch(forecaster, _in_time_order(frame), horizon=horizon, quantiles=quantiles)
+    ordered = _in_time_order(frame, forecaster.freq)
+    arrays = forecast_batch(forecaster, ordered, horizon=horizon, quantiles=quantiles)
+    steps_axis = is_integer_axis(forecaster.freq)
     forecast = arrays.to_frame()[list(columns)]
+    if steps_axis:
+        forecast[TIME] = forecast[TIME].to_numpy().view(np.int64)
     if glitches:
         listed = np.full(len(forecast), None, dtype=object)
         steps = len(forecast) // max(len(arrays), 1)  # rows are series by series
         for k, stamps in enumerate(arrays.glitches):
             if len(stamps):
-                listed[k * steps] = list(pd.to_datetime(stamps).to_pydatetime())
+                listed[k * steps] = (
+                    stamps.view(np.int64).tolist()
+                    if steps_axis
+                    else list(pd.to_datetime(stamps).to_pydatetime())
+                )
         forecast[_GLITCHES] = listed
     return forecast
 
@@ -295,12 +299,15 @@ def _read_csv_missing(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     return frame.assign(**{c: frame[c].mask(frame[c].isin(MISSING_TOKENS)) for c in text})
 
 
-def _in_time_order(frame: pd.DataFrame) -> pd.DataFrame:
-    """The rows of each series in time order: a shuffle keeps no order, a file's rows had one."""
+def _in_time_order(frame: pd.DataFrame, freq: str) -> pd.DataFrame:
+    """The rows of each series in time order: a shuffle keeps no order, a file's rows had one.
+    `ds` is parsed (the model's `freq` says whether text spells timestamps or integer steps)
+    and kept in the kind the model reads."""
     ids = frame[ID].to_numpy()
-    ds = parse_timestamps(frame[TIME], ids)  # the local path's parser and its errors
+    ds = parse_timestamps(frame[TIME], ids, freq=freq)  # the local path's parser and errors
     order = np.lexsort((ds, pd.factorize(ids)[0]))
-    return frame.assign(**{TIME: ds}).iloc[order].reset_index(drop=True)
+    kept = ds.view(np.int64) if is_integer_axis(freq) else ds
+    return frame.assign(**{TIME: kept}).iloc[order].reset_index(drop=True)
 
 
 # The last line of a worker's traceback when the local path refused the data.
@@ -531,7 +538,8 @@ def _write_glitches(
 
     exploded = forecasts.select(ID, F.explode(_GLITCHES).alias(TIME))
     listed = exploded.toPandas().sort_values([ID, TIME], ignore_index=True)
-    listed = listed.astype({ID: "string", TIME: "datetime64[ns]"})
+    steps = pd.api.types.is_integer_dtype(listed[TIME])  # a model of integer ds
+    listed = listed.astype({ID: "string", TIME: "int64" if steps else "datetime64[ns]"})
     if zone is not None:
         listed[TIME] = in_zone(listed[TIME], zone, wall_clock)
     writer.write(listed)

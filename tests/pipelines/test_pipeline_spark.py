@@ -9,7 +9,6 @@ import pandas as pd
 import pytest
 
 from forecaster import Forecaster, ModelConfig, TrainConfig
-from forecaster.errors import ForecasterInputError
 from forecaster.synthetic import generate_synthetic
 from pipelines.cli import main
 from pipelines.predict import predict_file
@@ -169,12 +168,37 @@ def test_aware_parquet_is_read_and_written_as_the_local_path_does(spark, tmp_pat
     _assert_same_rows(pd.read_parquet(tmp_path / "out"), local)
 
 
-def test_a_model_of_integer_steps_is_refused_by_name(spark, tmp_path):
-    """Spark writes timestamps; integer steps are forecast by the local engine."""
-    frame = pd.DataFrame(
-        {"unique_id": "a", "ds": np.arange(120), "y": np.sin(np.arange(120) / 3.0)}
+def test_integer_steps_are_forecast_as_the_local_path_does(spark, tmp_path):
+    """Steps in, steps out: from a DataFrame, and from a CSV (text) through the CLI."""
+    t = np.arange(150)
+    frame = pd.concat(
+        [
+            pd.DataFrame({"unique_id": sid, "ds": 3 * t, "y": k + np.sin(t / 3.0)})
+            for k, sid in enumerate(["a", "b"])
+        ],
+        ignore_index=True,
     )
+    frame.loc[140, "y"] = 50.0  # a glitch in the context, listed as the step it was read at
     model = Forecaster(ModelConfig(**TINY_MODEL), TrainConfig(**{**TINY_TRAIN, "max_epochs": 1}))
     model.fit(frame).save(tmp_path / "model")
-    with pytest.raises(ForecasterInputError, match="integer ds .*--engine local"):
-        forecast_spark(spark.createDataFrame(frame), str(tmp_path / "model"))
+    expected = model.predict(frame)
+    rows = spark.createDataFrame(frame.astype({"unique_id": object}))  # Arrow: no "str" column
+    forecasts = forecast_spark(rows, str(tmp_path / "model"), buckets=2)
+    assert forecasts.schema["ds"].dataType.typeName() == "long"
+    got = forecasts.toPandas().sort_values(["unique_id", "ds"], ignore_index=True)
+    assert got["ds"].tolist() == expected["ds"].tolist()
+    np.testing.assert_allclose(got["mean"], expected["mean"], rtol=1e-5, atol=1e-6)
+
+    frame.to_csv(tmp_path / "in.csv", index=False)
+    summary = predict_spark(
+        str(tmp_path / "model"),
+        str(tmp_path / "in.csv"),
+        str(tmp_path / "out"),
+        glitches_output=str(tmp_path / "glitches.csv"),
+    )
+    assert summary.n_series == 2
+    written = pd.read_parquet(tmp_path / "out").sort_values(["unique_id", "ds"], ignore_index=True)
+    assert written["ds"].tolist() == expected["ds"].tolist()
+    assert pd.read_csv(tmp_path / "glitches.csv").to_dict("records") == [
+        {"unique_id": "a", "ds": 420}
+    ]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, time
 from typing import Any, Literal
 
@@ -284,34 +284,31 @@ def read_timestamps(
         return col, None  # already what this returns (the service's road)
     col = pandas_timestamps(pd.Series(col))
 
-    def series_of(i: int) -> tuple[str | None, str]:
-        """Row i's series id and the message's prefix naming it."""
+    def error_at(i: int, what: str) -> InvalidTimestampsError:
+        """An error of row i: `column` `what`, named with the row's series when known."""
         sid = None if ids is None else str(ids[i])
-        return sid, "" if sid is None else f"series {sid!r}: "
+        where = "" if sid is None else f"series {sid!r}: "
+        return InvalidTimestampsError(f"{where}{column} {what}", series_id=sid, field=column)
 
     integers = is_integer_time(col)
     if not integers and is_integer_axis(freq) and _is_text(col):
         # A CSV read as text (a batch job's): the steps it spells, each checked
-        col, integers = _steps_from_text(col, series_of, column), True
+        col, integers = _steps_from_text(col, error_at), True
     if freq is not None and integers != is_integer_axis(freq):
-        sid, where = series_of(0)
         fitted = "integer steps" if not integers else f"timestamps at frequency {freq!r}"
         given = f"integers (dtype {col.dtype})" if integers else "timestamps"
-        raise InvalidTimestampsError(
-            f"{where}{column} holds {given}, expected {fitted} as the model was fitted on; "
-            f"first value {col.iat[0]!r}",
-            series_id=sid,
-            field=column,
+        raise error_at(
+            0,
+            f"holds {given}, expected {fitted} as the model was fitted on; first value "
+            f"{col.iat[0]!r}",
         )
     if integers:
-        return _integer_steps(col, series_of, column), None
+        return _integer_steps(col, error_at), None
     if pd.api.types.is_bool_dtype(col) or pd.api.types.is_numeric_dtype(col):
-        sid, where = series_of(0)
-        raise InvalidTimestampsError(
-            f"{where}{column} holds numbers (dtype {col.dtype}), expected timestamps such as "
+        raise error_at(
+            0,
+            f"holds numbers (dtype {col.dtype}), expected timestamps such as "
             f"'2024-01-01 00:00' or integer steps; first value {col.iat[0]}",
-            series_id=sid,
-            field=column,
         )
     try:
         parsed, error = _to_datetime(col), None
@@ -327,7 +324,6 @@ def read_timestamps(
     nat = parsed.isna().to_numpy()
     if nat.any():
         i = int(np.argmax(nat))
-        sid, where = series_of(i)
         raw = col.iat[i]
         what = "is missing" if pd.isna(raw) else f"value {raw!r} is not a timestamp"
         if not pd.isna(raw) and _mixes_zones(col, raw):
@@ -335,11 +331,7 @@ def read_timestamps(
                 f"value {raw!r} is given without a time zone or UTC offset while other values "
                 "have one (or the other way round)"
             )
-        raise InvalidTimestampsError(
-            f"{where}{column} {what} at row {i}; expected a timestamp such as '2024-01-01 00:00'",
-            series_id=sid,
-            field=column,
-        )
+        raise error_at(i, f"{what} at row {i}; expected a timestamp such as '2024-01-01 00:00'")
     on_wall = None
     if isinstance(parsed.dtype, pd.DatetimeTZDtype):
         wall = parsed.dt.tz_localize(None)
@@ -356,11 +348,8 @@ def read_timestamps(
                 f"{column} could not be read as timestamps in {RANGE}: {exc}", field=column
             ) from None
         i = int(np.argmax(outside))
-        sid, where = series_of(i)
-        raise InvalidTimestampsError(
-            f"{where}{column} {col.iat[i]!r} at row {i} is outside the supported range {RANGE}",
-            series_id=sid,
-            field=column,
+        raise error_at(
+            i, f"{col.iat[i]!r} at row {i} is outside the supported range {RANGE}"
         ) from None
 
 
@@ -400,21 +389,20 @@ def _is_text(col: pd.Series) -> bool:
     return pd.api.types.is_string_dtype(col.dtype) and pd.api.types.infer_dtype(col) == "string"
 
 
-def _steps_from_text(col: pd.Series, series_of: Any, column: str) -> pd.Series:
-    """Text that spells integer steps ("1760"), as int64; `InvalidTimestampsError` naming the
-    first value that does not."""
+def _steps_from_text(
+    col: pd.Series, error_at: Callable[[int, str], InvalidTimestampsError]
+) -> pd.Series:
+    """Text that spells integer steps ("1760"), as int64; `error_at` the first value that
+    does not."""
     stripped = col.str.strip()
     numbers = pd.to_numeric(stripped, errors="coerce")
     # 19 digits at most: the int64 the steps are held in (the range is checked after)
     good = numbers.notna() & stripped.str.fullmatch(r"[+-]?\d{1,19}").fillna(False)
     if not good.all():
         i = int(np.argmin(good.to_numpy()))
-        sid, where = series_of(i)
-        raise InvalidTimestampsError(
-            f"{where}{column} value {col.iat[i]!r} at row {i} is not an integer step, which "
-            "the model was fitted on",
-            series_id=sid,
-            field=column,
+        raise error_at(
+            i,
+            f"value {col.iat[i]!r} at row {i} is not an integer step, which the model was fitted on",
         )
     try:
         return stripped.astype("int64")
@@ -422,29 +410,22 @@ def _steps_from_text(col: pd.Series, series_of: Any, column: str) -> pd.Series:
         return pd.Series([int(v) for v in stripped], dtype=object)  # `_integer_steps` names it
 
 
-def _integer_steps(col: pd.Series, series_of: Any, column: str) -> np.ndarray:
-    """Integer `ds` as datetime64[ns], refusing a missing value and steps past int64 (whose
+def _integer_steps(
+    col: pd.Series, error_at: Callable[[int, str], InvalidTimestampsError]
+) -> np.ndarray:
+    """Integer `ds` as datetime64[ns]; `error_at` a missing value or a step past int64 (whose
     least value is NaT's)."""
     missing = col.isna().to_numpy()
     if missing.any():
         i = int(np.argmax(missing))
-        sid, where = series_of(i)
-        raise InvalidTimestampsError(
-            f"{where}{column} is missing at row {i}; expected an integer step",
-            series_id=sid,
-            field=column,
-        )
+        raise error_at(i, f"is missing at row {i}; expected an integer step")
     values = col.to_numpy(dtype=object if col.dtype.kind in "uO" else np.int64)
     low, high = np.iinfo(np.int64).min + 1, np.iinfo(np.int64).max
     outside = (values < low) | (values > high)
     if outside.any():
         i = int(np.argmax(outside))
-        sid, where = series_of(i)
-        raise InvalidTimestampsError(
-            f"{where}{column} {values[i]} at row {i} is outside the integer steps supported, "
-            f"{low}..{high}",
-            series_id=sid,
-            field=column,
+        raise error_at(
+            i, f"{values[i]} at row {i} is outside the integer steps supported, {low}..{high}"
         )
     return values.astype(np.int64).view(_NS)
 

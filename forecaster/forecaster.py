@@ -550,14 +550,11 @@ class Forecaster:
             prepared.last_timestamps, self.freq, 1 - mc.n_patches * mc.patch, errors="coerce"
         )
         integers = is_integer_axis(self.freq)
-        context_starts = [
-            None
-            if pd.isna(t)
-            else time_text(t, integers)
-            if integers
-            else pd.Timestamp(t).isoformat()
-            for t in starts
-        ]
+
+        def label(t: np.datetime64) -> str:
+            return time_text(t, integers) if integers else pd.Timestamp(t).isoformat()
+
+        context_starts = [None if pd.isna(t) else label(t) for t in starts]
         return AttentionMaps(
             series_ids=list(prepared.series_ids),
             encoder=arrays(attention.encoder),

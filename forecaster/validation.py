@@ -159,7 +159,8 @@ def validate_long_frame(
     if wall_clock is None:
         wall_clock = wall_clock_for(freq)
     ds, wall_clock = read_timestamps(columns[TIME], ids, wall_clock=wall_clock, freq=freq)
-    integers = is_integer_time(columns[TIME])
+    # Integers, or text a model of integer ds read as steps (read_timestamps checks the kind)
+    integers = is_integer_axis(freq) or is_integer_time(columns[TIME])
     shown = ds.view(np.int64) if integers else ds  # as messages name a row's time
     values = {
         target: _as_float(columns[target], name=target, ids=ids, ds=shown, allow_nan=allow_missing)

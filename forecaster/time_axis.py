@@ -706,8 +706,11 @@ def _out_of_range(origin: np.datetime64, steps: int, offset: BaseOffset) -> Inva
 
 @functools.lru_cache(maxsize=256)  # offsets are immutable; aliases repeat on every request
 def parse_freq(freq: str) -> BaseOffset:
-    """The pandas offset of an alias (older spellings such as "H" or "M" accepted), or
+    """The pandas offset of an alias (older spellings such as "H" or "M" accepted; a bare
+    integer "7" is a step of integer ds, Nixtla's `freq=7`, as "7ns"), or
     `FrequencyInferenceError` naming a bad alias or a step that is not positive."""
+    if str(freq).isdigit():
+        freq = f"{freq}ns"
     match = _LEGACY_RE.match(str(freq))
     if match is not None:
         n, alias, anchor = match.groups()

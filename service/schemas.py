@@ -106,8 +106,9 @@ class SeriesIn(BaseModel):
     freq: str | None = Field(
         None,
         max_length=32,
-        description="The model's frequency as a pandas offset alias ('h', '60min', 'D', ...); "
-        "another frequency is refused.",
+        description="The model's frequency as a pandas offset alias ('h', '60min', 'D', ...), "
+        "or the step of a model fitted on integer ds ('5' or '5ns'); another frequency is "
+        "refused.",
     )
     covariates: dict[str, list[float | None]] | None = Field(
         None,

@@ -13,7 +13,7 @@ from forecaster.errors import (
     IrregularTimestampsError,
     MissingCovariatesError,
 )
-from forecaster.time_axis import is_integer_axis, season_length
+from forecaster.time_axis import is_integer_axis, parse_freq, season_length
 from forecaster.validation import infer_frequency, validate_long_frame
 
 from .conftest import TINY_MODEL, TINY_TRAIN
@@ -56,6 +56,7 @@ def test_integer_ds_has_a_step_frequency_and_no_season(steps):
     assert infer_frequency(steps) == "7ns"
     assert season_length("7ns") == 1 and season_length("ns") == 1
     assert not is_integer_axis("h") and not is_integer_axis("us")
+    assert is_integer_axis("7") and parse_freq("7") == parse_freq("7ns")  # Nixtla's freq=7
 
 
 def test_missing_integer_steps_are_filled_as_missing_values(steps):

@@ -74,10 +74,16 @@ def test_integer_steps_forecast_as_the_library_does(step_client, step_model, ste
 def test_an_integer_start_and_the_models_step_frequency(step_client, step_frame):
     part = _series(step_frame, "a")
     by_timestamps = step_client.post("/v1/forecast", json={"series": [part]}).json()
-    by_start = {"id": "a", "start": part["timestamps"][0], "freq": "5ns", "values": part["values"]}
-    response = step_client.post("/v1/forecast", json={"series": [by_start]})
-    assert response.status_code == 200, response.text
-    assert response.json()["forecasts"] == by_timestamps["forecasts"]
+    for freq in ("5ns", "5"):  # the model's alias, or the bare step (Nixtla's freq=5)
+        by_start = {
+            "id": "a",
+            "start": part["timestamps"][0],
+            "freq": freq,
+            "values": part["values"],
+        }
+        response = step_client.post("/v1/forecast", json={"series": [by_start]})
+        assert response.status_code == 200, response.text
+        assert response.json()["forecasts"] == by_timestamps["forecasts"]
 
 
 def test_mlflow_scoring_gives_integer_ds_back(step_client, step_frame):

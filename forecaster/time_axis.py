@@ -99,6 +99,11 @@ _LEGACY_RE = re.compile(r"^(\d*)(SM|M|Q|Y|A|H|T|S)(-[A-Za-z]+|-\d+)?$")
 # Business hours other than pandas' 09:00-17:00, which its alias "bh" cannot spell; written the
 # way pandas prints such an offset (see `freq_alias`).
 _BUSINESS_HOURS_RE = re.compile(r"^(\d*)bh=(\d\d):00-(\d\d):00$")
+# Months on a day inside the month ("MD": the 15th of each month; "3MD" quarterly), which
+# pandas has no alias for: a DateOffset of that many months, each series on its own day.
+_MONTH_DAY_RE = re.compile(r"^(\d*)MD$")
+# The latest such day: every month has it, so a step lands on the same day in each.
+_MAX_MONTH_DAY = 28
 HOUR_NS = 3600 * 10**9
 # Longest opening a day that still reads as business hours rather than hourly data with gaps.
 _MAX_BUSINESS_HOURS = 16
@@ -729,6 +734,13 @@ def parse_freq(freq: str) -> BaseOffset:
                 field="freq",
             )
         return BusinessHour(int(n or 1), start=time(int(opening)), end=time(int(closing) % 24))
+    if (match := _MONTH_DAY_RE.match(str(freq))) is not None:
+        months = int(match.group(1) or 1)
+        if months < 1:
+            raise FrequencyInferenceError(
+                f"freq: expected a positive step (e.g. 'MD', '3MD'), got {freq!r}", field="freq"
+            )
+        return pd.DateOffset(months=months)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -757,6 +769,8 @@ def freq_alias(offset: BaseOffset) -> str:
     """The alias `parse_freq` reads back as `offset`: its `freqstr`, except for business hours
     other than 09:00-17:00, which pandas spells "bh" too ("bh=08:00-18:00" here; a close at
     midnight is "24:00")."""
+    if (months := month_day_months(offset)) is not None:
+        return f"{months if months > 1 else ''}MD"
     if isinstance(offset, BusinessHour) and (offset.start, offset.end) != (
         (time(9),),
         (time(17),),
@@ -765,6 +779,13 @@ def freq_alias(offset: BaseOffset) -> str:
         closing = f"{offset.end[0]:%H:%M}" if offset.end[0] != time(0) else "24:00"
         return f"{n}bh={offset.start[0]:%H:%M}-{closing}"
     return offset.freqstr
+
+
+def month_day_months(offset: BaseOffset) -> int | None:
+    """The months of a step of months on a day inside the month ("MD", "3MD"), else None."""
+    if type(offset) is pd.DateOffset and set(offset.kwds) == {"months"}:
+        return int(offset.n * offset.kwds["months"])
+    return None
 
 
 def fixed_nanos(offset: BaseOffset) -> int | None:
@@ -874,13 +895,16 @@ def _calendar_offset(ds_i8: np.ndarray, months: int, sid: str) -> BaseOffset:
         held["E", "B"] = (index + 0 * BMonthEnd() == index).sum()
         held["S", "B"] = (index + 0 * BMonthBegin() == index).sum()
     side, business = max(held, key=held.__getitem__)
+    if 2 * held[side, business] <= len(index) and index.day.max() <= _MAX_MONTH_DAY:
+        # Mostly inside the month (the 15th): steps of months from each series' own day.
+        return pd.DateOffset(months=months)
     if held[side, business]:
         return _month_offset(first, months, side, business)
     unit = {1: "monthly", 3: "quarterly", 12: "yearly"}.get(months, f"{months}-monthly")
     raise FrequencyInferenceError(
         f"series {sid!r} looks {unit} but its timestamps fall on day {first.day} of the month "
         f"(e.g. {first}); expected month starts or month ends (calendar or business days), "
-        "e.g. '2024-01-01' or '2024-01-31'",
+        f"or a day up to the {_MAX_MONTH_DAY}th, the same in every month",
         series_id=sid,
         field=TIME,
     )
@@ -945,6 +969,8 @@ def season_length(freq: str) -> int:
         BYearBegin: 1,
         BYearEnd: 1,
     }
+    if (months := month_day_months(offset)) is not None:
+        return 12 // months if 12 % months == 0 else 1
     for kind, steps in per_year.items():
         if isinstance(offset, kind):
             return steps // n if steps % n == 0 else 1

@@ -389,6 +389,21 @@ def test_save_load_on_anchored_frequencies(freq, tmp_path):
     pd.testing.assert_frame_equal(reloaded.predict(data), model.predict(data), check_exact=True)
 
 
+def test_monthly_data_on_the_15th_forecasts_the_15th_and_saves(tmp_path):
+    """Rent, billing and reports fall on a day inside the month: 'MD', a step of months from
+    each series' own day, with the monthly season and patch."""
+    data = generate_synthetic(n_series=2, n_steps=60, freq="MD", start="2019-01-15", seed=0)
+    config = ModelConfig(**{**TINY_MODEL, "context_length": 24, "patch_length": None})
+    model = Forecaster(config, TrainConfig(**{**TINY_TRAIN, "max_epochs": 1})).fit(data)
+    assert model.freq == "MD" and model.model_config.season_length == 12
+    assert model.model_config.patch_length == 12
+    forecast = model.predict(data)
+    assert set(forecast["ds"].dt.day) == {15}
+    assert forecast["ds"].min() == pd.Timestamp("2024-01-15")
+    reloaded = Forecaster.load(model.save(tmp_path / "model"))
+    pd.testing.assert_frame_equal(reloaded.predict(data), forecast, check_exact=True)
+
+
 @pytest.mark.parametrize("freq", ["ms", "us"])
 def test_sub_millisecond_steps_fit_and_forecast(freq, tmp_path):
     """A cycle of a minute of microseconds (60 million steps) once made fit allocate

@@ -571,3 +571,36 @@ def test_data_on_the_1st_and_28th_is_refused_as_irregular():
     ds = pd.DatetimeIndex([f"2024-{m:02d}-{d:02d}" for m in range(1, 7) for d in (1, 28)])
     with pytest.raises(IrregularTimestampsError, match="off-grid"):
         infer_frequency(pd.Series(ds))
+
+
+@pytest.mark.parametrize(
+    ("start", "freq", "months", "season"),
+    [
+        ("2024-01-15", "MS", 1, 12),  # the 15th of every month: rent, billing, reports
+        ("2024-02-10", "QS", 3, 4),  # the 10th of a quarter's first month
+        ("2024-06-28", "YS", 12, 1),  # once a year, on the 28th of June
+    ],
+)
+def test_data_on_a_day_inside_the_month_steps_by_months_from_it(start, freq, months, season):
+    day = pd.Timestamp(start).day
+    ds = pd.date_range(pd.Timestamp(start).replace(day=1), periods=30, freq=freq)
+    df = pd.DataFrame({"unique_id": "a", "ds": ds + pd.Timedelta(days=day - 1), "y": 1.0})
+    alias = f"{months if months > 1 else ''}MD"
+    assert infer_frequency(df) == alias and freq_alias(parse_freq(alias)) == alias
+    assert season_length(alias) == season and wall_clock_for(alias)  # dates, as monthly
+    last = df["ds"].iloc[-1]
+    after = steps_after(df["ds"].to_numpy()[-1:], alias, 3)[0]
+    assert list(after) == [last + pd.DateOffset(months=months * k) for k in (1, 2, 3)]
+    assert {pd.Timestamp(t).day for t in after} == {day}
+    # A gap is a missing month; each series keeps its own day.
+    other = df.assign(unique_id="b", ds=df["ds"] - pd.Timedelta(days=3)).drop(index=[4, 5])
+    validated = validate_long_frame(pd.concat([df, other]), allow_missing=True)
+    assert validated.freq == alias and len(validated.frame) == 60
+
+
+def test_a_day_past_the_28th_is_not_a_step_of_months():
+    """The 30th has no February, where pandas would clip it to the 29th and drift: such
+    readings are read as the month ends some of them are, the others named off that grid."""
+    ds = pd.date_range("2024-03-01", periods=12, freq="MS") + pd.Timedelta(days=29)
+    with pytest.raises(IrregularTimestampsError, match="2024-03-30 .* not on the 'ME' grid"):
+        infer_frequency(pd.Series(ds))

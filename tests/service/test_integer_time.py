@@ -1,4 +1,5 @@
-"""A model fitted on integer ds, served: steps in, steps out, and the other kind refused."""
+"""Time axes pandas has no alias for, served: integer ds (steps in, steps out, the other kind
+refused), and months on a day inside the month."""
 
 from __future__ import annotations
 
@@ -141,3 +142,24 @@ def test_a_batch_job_of_integer_steps_gives_steps_back(step_client, step_model, 
     assert got["ds"].dtype.kind == "i"
     assert got["ds"].tolist() == want["ds"].tolist()
     np.testing.assert_allclose(got["mean"], want["mean"], rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_of_monthly_data_on_the_15th_takes_a_start_and_md(tmp_path, identity):
+    """The other time axis pandas has no alias for: months on a day inside the month."""
+    from forecaster.synthetic import generate_synthetic
+
+    data = generate_synthetic(n_series=2, n_steps=60, freq="MD", start="2019-01-15", seed=0)
+    model_config, train_config = tiny_config()
+    model = Forecaster(model_config, train_config).fit(data)
+    settings = ServiceSettings(_env_file=None, data_dir=tmp_path / "data", poll_interval_s=3600)
+    app = create_app(settings, model_source=StaticSource(model, identity))
+    part = data[data["unique_id"] == data["unique_id"].iloc[0]].tail(CONTEXT)
+    series = {"id": "m", "start": "2020-01-15", "freq": "MD", "values": part["y"].tolist()}
+    with TestClient(app, raise_server_exceptions=False) as client:
+        response = client.post("/v1/forecast", json={"series": [series]})
+        assert response.status_code == 200, response.text
+        stamps = response.json()["forecasts"][0]["timestamps"]
+        assert stamps[:2] == ["2024-01-15T00:00:00", "2024-02-15T00:00:00"]
+        off = {**series, "start": "2020-01-16", "freq": "MS"}
+        response = client.post("/v1/forecast", json={"series": [off]})
+        assert response.status_code == 422 and response.json()["field"] == "series[0].start"

@@ -13,6 +13,7 @@ from forecaster.errors import (
     IrregularTimestampsError,
     MissingCovariatesError,
 )
+from forecaster.synthetic import generate_synthetic
 from forecaster.time_axis import is_integer_axis, parse_freq, season_length
 from forecaster.validation import infer_frequency, validate_long_frame
 
@@ -196,3 +197,19 @@ def test_steps_beyond_int64_are_refused_by_value():
     )
     with pytest.raises(InvalidTimestampsError, match=r"9223372036854775808 at row 2 is outside"):
         validate_long_frame(df)
+
+
+def test_steps_with_the_season_given_forecast_as_the_hourly_timestamps_they_number():
+    """One axis inside: hourly data numbered 0, 1, 2... with its daily and weekly cycles given
+    trains and forecasts bit for bit as the timestamps do (calendar features are off)."""
+    hourly = generate_synthetic(n_series=3, n_steps=24 * 14, freq="h", seed=0)
+    steps = hourly.assign(ds=(hourly["ds"] - hourly["ds"].min()) // pd.Timedelta(hours=1))
+    config = {**TINY_MODEL, "patch_length": None}
+    by_time = Forecaster(ModelConfig(**config), TrainConfig(**TINY_TRAIN)).fit(hourly)
+    by_step = Forecaster(
+        ModelConfig(**config, season_length=24, long_season_length=168), TrainConfig(**TINY_TRAIN)
+    ).fit(steps)
+    assert by_step.model_config == by_time.model_config  # patch 24 from the given season
+    np.testing.assert_array_equal(
+        by_step.predict(steps)["mean"].to_numpy(), by_time.predict(hourly)["mean"].to_numpy()
+    )

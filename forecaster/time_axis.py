@@ -298,15 +298,18 @@ def read_timestamps(
     integers = is_integer_time(col)
     if not integers and is_integer_axis(freq) and _is_text(col):
         # A CSV read as text (a batch job's): the steps it spells, each checked
-        col, integers = _steps_from_text(col, error_at), True
+        col, integers = _steps_from_text(col, error_at, freq), True
     if freq is not None and integers != is_integer_axis(freq):
-        fitted = "integer steps" if not integers else f"timestamps at frequency {freq!r}"
-        given = f"integers (dtype {col.dtype})" if integers else "timestamps"
-        raise error_at(
-            0,
-            f"holds {given}, expected {fitted} as the model was fitted on; first value "
-            f"{col.iat[0]!r}",
+        # `freq` is a model's, or the one a request gives beside its start: named, not assumed
+        wanted = (
+            f"timestamps at frequency {freq!r}"
+            if integers
+            else f"integer steps, as freq {freq!r} is that of integer ds"
         )
+        given = f"integers (dtype {col.dtype})" if integers else "timestamps"
+        first = col.iat[0]
+        shown = repr(first) if isinstance(first, str) else str(first)
+        raise error_at(0, f"holds {given}, expected {wanted}; first value {shown}")
     if integers:
         return _integer_steps(col, error_at), None
     if pd.api.types.is_bool_dtype(col) or pd.api.types.is_numeric_dtype(col):
@@ -395,7 +398,7 @@ def _is_text(col: pd.Series) -> bool:
 
 
 def _steps_from_text(
-    col: pd.Series, error_at: Callable[[int, str], InvalidTimestampsError]
+    col: pd.Series, error_at: Callable[[int, str], InvalidTimestampsError], freq: str
 ) -> pd.Series:
     """Text that spells integer steps ("1760"), as int64; `error_at` the first value that
     does not."""
@@ -407,7 +410,8 @@ def _steps_from_text(
         i = int(np.argmin(good.to_numpy()))
         raise error_at(
             i,
-            f"value {col.iat[i]!r} at row {i} is not an integer step, which the model was fitted on",
+            f"value {col.iat[i]!r} at row {i} is not an integer step, as freq {freq!r} (that of "
+            "integer ds) needs",
         )
     try:
         return stripped.astype("int64")

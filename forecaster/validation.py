@@ -261,6 +261,7 @@ def validate_future_frame(
     expected = future_grid(history, horizon)
     if not covariates:
         return expected
+    integers = is_integer_axis(history.freq)  # messages name steps as the integers they are
     if future_df is None:
         raise MissingCovariatesError(
             f"future values of covariates {covariates} are needed for the {horizon} steps after "
@@ -282,8 +283,7 @@ def validate_future_frame(
         first = str(expected[ID].iat[0])
         raise MissingCovariatesError(
             f"future frame is empty; series {first!r} needs covariates {covariates} at "
-            f"{horizon} timestamps starting "
-            f"{time_text(expected[TIME].iat[0], is_integer_axis(history.freq))}",
+            f"{horizon} timestamps starting {time_text(expected[TIME].iat[0], integers)}",
             series_id=first,
             field=covariates[0],
         )
@@ -291,7 +291,6 @@ def validate_future_frame(
 
     ids, codes, uniques = series_codes(future_df[ID])
     ds = parse_timestamps(future_df[TIME], ids, wall_clock=history.wall_clock, freq=history.freq)
-    integers = is_integer_axis(history.freq)
     # Only the rows forecasts read are checked: a schedule may run on past them, with values
     # not known yet, or hold series not forecast now.
     keys = pd.DataFrame({ID: ids, TIME: ds})

@@ -12,6 +12,7 @@ from forecaster.errors import (
     InvalidTimestampsError,
     IrregularTimestampsError,
     MissingCovariatesError,
+    NonNumericValuesError,
 )
 from forecaster.synthetic import generate_synthetic
 from forecaster.time_axis import is_integer_axis, parse_freq, season_length
@@ -79,7 +80,7 @@ def test_errors_name_the_integer_steps_not_timestamps(steps):
         validate_long_frame(off_grid, allow_missing=True)
     text_y = steps.astype({"y": object})
     text_y.loc[4, "y"] = "abc"
-    with pytest.raises(Exception, match=r"'abc' at ds=128 "):
+    with pytest.raises(NonNumericValuesError, match=r"'abc' at ds=128 "):
         validate_long_frame(text_y)
 
 
@@ -176,7 +177,7 @@ def test_calendar_features_are_refused_for_integer_ds(steps):
     assert info.value.field == "calendar_features"
 
 
-def test_a_given_season_is_kept_for_integer_ds(steps):
+def test_a_given_season_is_kept_for_integer_ds():
     resolved = ModelConfig(prediction_length=8, season_length=12).for_frequency("7ns")
     assert resolved.season_length == 12 and resolved.patch_length == 12
     assert ModelConfig(prediction_length=8).for_frequency("7ns").season_length == 1

@@ -222,6 +222,8 @@ def run_one(
         "linear_start_prior": result.linear_start_prior,
         # The intervals' calibration factor and the band's coverage of the targets.
         "interval_scale": result.interval_scale,
+        # The share of the way to the drift forecast that forecasts move, chosen on validation.
+        "drift_weight": result.drift_weight,
         "val_band_coverage": val.get("band_coverage"),
         "test_band_coverage": test.get("band_coverage"),
         "test_band_coverage_uncalibrated": uncalibrated,

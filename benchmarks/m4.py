@@ -490,6 +490,7 @@ def run_ours(split: Split, seed: int, overrides: dict) -> tuple[Forecaster, np.n
             "linear_start_ridge": r.linear_start_ridge,
             "linear_start_prior": r.linear_start_prior,
             "interval_scale": r.interval_scale,
+            "drift_weight": r.drift_weight,
             "impute_padding": r.impute_padding,
             "patch_length": forecaster.model_config.patch_length,
             "parameters": sum(p.numel() for p in forecaster.model.parameters()),

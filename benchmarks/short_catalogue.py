@@ -238,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             "linear_start_ridge": result.linear_start_ridge,
             "linear_start_prior": result.linear_start_prior,
             "interval_scale": result.interval_scale,
+            "drift_weight": result.drift_weight,
             **_band_coverage(
                 series,
                 forecast,

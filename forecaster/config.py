@@ -527,6 +527,17 @@ class TrainConfig:
     # left out it costs M4 Hourly's holdout 0.451 -> 0.460 and ETTh1's validation MSE up to
     # +1.2 % (docs/model-choices.md, Glitches in the training data).
     mask_training_glitches: bool = False
+    # The share of the way from the point forecast to the drift forecast (the last value with
+    # the observed history's mean step) that forecasts move: a combination of the network with
+    # the simplest trend method (PatchTransformer.drift_weight). None: after training, the
+    # weight of DRIFT_WEIGHTS (0, 0.1 .. 1) under which the validation windows' point loss is
+    # lowest, 0 without them; a refit replays the evaluated run's (TrainResult.drift_weight).
+    # A global model fitted on many short trending series (yearly data) learns less of their
+    # trends than drift extrapolates: on the yearly competition sets validation chose 0.6-0.7
+    # and the holdout OWA of M3 Yearly went 0.925 -> 0.878 (docs/model-choices.md, A blend
+    # with drift chosen on validation); where drift forecasts badly (seasonal or mean-reverting
+    # data) validation keeps 0.
+    drift_weight: float | None = None
     # Factors on the quantiles' offsets from the point forecast, one per band of
     # HISTORY_EDGES (a window that sees at most L/32 of history first, more than L/2 last); one
     # number is the same factor for all. None: after training, for each band the factor (of a
@@ -629,6 +640,12 @@ class TrainConfig:
                 self.interval_scale,
             )
             object.__setattr__(self, "interval_scale", tuple(float(f) for f in scales))
+        _check(
+            self.drift_weight is None or 0 <= self.drift_weight <= 1,
+            "drift_weight",
+            "None or a weight in [0, 1]",
+            self.drift_weight,
+        )
         if self.impute_padding is not None:
             choice = self.impute_padding
             if isinstance(choice, bool):

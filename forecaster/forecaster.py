@@ -324,8 +324,9 @@ class Forecaster:
 
     def refit_config(self) -> TrainConfig:
         """The TrainConfig that retrains this fitted model's configuration on all the data along
-        the path validation kept (`replay_lr_factors`), with its interval factors and its
-        reading of the left padding; with no kept epoch, the linear start alone.
+        the path validation kept (`replay_lr_factors`), with its interval factors, its
+        reading of the left padding and its blend with drift; with no kept epoch, the linear
+        start alone.
 
         Only the Forecaster that trained knows its path: a loaded (or unfitted) one raises,
         where it returned a configuration that trained the linear start alone, uncalibrated.
@@ -344,6 +345,7 @@ class Forecaster:
             max_epochs=0,
             interval_scale=result.interval_scale,
             impute_padding=result.impute_padding,
+            drift_weight=result.drift_weight,
         )
 
     def _train_on_tail(
@@ -362,6 +364,7 @@ class Forecaster:
             max_epochs=0,
             interval_scale=judged.interval_scale,
             impute_padding=judged.impute_padding,
+            drift_weight=judged.drift_weight,
         )
         logger.info(
             "%d more epoch(s) on all %d windows, the validation tail's included",
@@ -760,6 +763,8 @@ class Forecaster:
         # the identity when it did not impute at all).
         state.setdefault("padding_factor", model.padding_factor.clone())
         state.setdefault("padding_imputed", torch.ones_like(model.padding_imputed))
+        # One saved before the blend with drift existed forecast without it.
+        state.setdefault("drift_weight", torch.zeros(()))
         try:
             model.load_state_dict(state)
         except RuntimeError as exc:  # missing, unexpected or misshapen tensors

@@ -70,6 +70,9 @@ class NormalizedOutput:
     quantiles: torch.Tensor | None  # (B, H, Q)
     draft: torch.Tensor  # (B, H) the linear start's forecast (zeros without one)
     stats: InstanceStats  # each row's location and scale, (B, 1) each
+    # (B, H) the last value with drift that `drift_weight` blends the point forecast towards;
+    # None in training mode, where no blend applies.
+    drift: torch.Tensor | None = None
 
     def denormalize(self) -> ModelOutput:
         """The forecasts in the input's units and dtype."""
@@ -296,6 +299,18 @@ class PatchTransformer(nn.Module):
                     self.naive_head.bias[1:] = NAIVE_START_LOGIT
         n_q = len(c.quantiles)
         self.quantile_head = nn.Linear(d, p * n_q) if n_q else None
+        # At forecast time the point forecast moves this share of the way to the drift
+        # forecast (the last value with the observed history's mean step over the drift span,
+        # or the whole context where it holds no span): a combination with the simplest
+        # trend method, chosen on the validation windows by train_model (see
+        # forecaster.training.choose_drift_weight) and saved with the weights. Training
+        # leaves it at 0 and never applies it: the network learns to forecast, not to undo
+        # the blend.
+        self.register_buffer("drift_weight", torch.zeros(()))
+        self.blend_span = (
+            drift_span(c.context_length, c.prediction_length, c.season_length or 1)
+            or c.context_length - 1
+        )
         # Widens (> 1) or narrows the quantiles' offsets from the point forecast, one factor
         # per band of history (see history_band). Training leaves it at 1 and then calibrates
         # it on the validation windows (see forecaster.training.calibrate_intervals); saved
@@ -418,14 +433,21 @@ class PatchTransformer(nn.Module):
             naive = torch.einsum("bl,klh->bkh", filled, maps[:, :-1]) + maps[:, -1]  # (B, K, H)
             if self.drift_slot is not None:
                 k, span = self.drift_slot
-                drift = observed_drift(filled, past_observed_mask, span, h).unsqueeze(1)
-                naive = torch.cat([naive[:, :k], drift, naive[:, k + 1 :]], dim=1)  # (B, K, H)
+                drifted = observed_drift(filled, past_observed_mask, span, h).unsqueeze(1)
+                naive = torch.cat([naive[:, :k], drifted, naive[:, k + 1 :]], dim=1)  # (B, K, H)
             weights = self._naive_weights(self.naive_head(decoded.hidden))  # (B, M, K)
             # (B, M, K) -> (B, M * P, K) -> (B, H, K): one weight per token
             weights = weights.repeat_interleave(c.patch, dim=1)[:, :h]
             # Weights >= 0 summing to at most 1, the draft taking the rest: a convex blend.
             blend = torch.einsum("bhk,bkh->bh", weights, naive - draft.unsqueeze(1))
             mean = correction + draft + blend
+        drift = None
+        if not self.training:
+            if self.linear_start is None:
+                filled = fill_gaps(x, past_observed_mask, c.season_length or 1)
+            drift = observed_drift(filled, past_observed_mask, self.blend_span, h)  # (B, H)
+            # Exactly `mean` at weight 0 (torch.lerp: start + weight * (end - start)).
+            mean = torch.lerp(mean, drift.to(mean.dtype), self.drift_weight.to(mean.dtype))
         quantiles = None
         if self.quantile_head is not None:
             # The intervals are offsets around the point forecast, read from the decoder's
@@ -444,7 +466,7 @@ class PatchTransformer(nn.Module):
             attention = ModelAttention(
                 encoded.self_attention, decoded.self_attention, decoded.cross_attention
             )
-        return NormalizedOutput(mean, quantiles, draft, stats), attention
+        return NormalizedOutput(mean, quantiles, draft, stats, drift), attention
 
 
 def pinball_loss(

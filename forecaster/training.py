@@ -77,6 +77,9 @@ LINEAR_START_RIDGES = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 0.3, 1.0, 3.0, 10.0, 30.0, 
 LINEAR_START_FOLDS = 5
 # Factors tried for the width of the intervals: 0.5 to 8 in steps of 2 ** (1 / 14), about 5 %.
 INTERVAL_SCALES = tuple(float(s) for s in np.geomspace(0.5, 8.0, 57))
+# Weights tried for the blend of the point forecast with the drift forecast (see
+# choose_drift_weight): steps of a tenth, coarse enough not to fit the validation windows' noise.
+DRIFT_WEIGHTS = tuple(i / 10 for i in range(11))
 # Scored targets a band of history needs for a factor of its own (see calibrate_intervals).
 CALIBRATION_MIN_TARGETS = 1_000
 # A normalised target this close to 0 sits at its context's level (float rounding of a
@@ -142,6 +145,8 @@ class TrainResult:
     # Per band of history, whether forecasts impute the left padding (see
     # choose_padding_imputation).
     impute_padding: tuple[bool, ...] = (False,) * N_HISTORY_BANDS
+    # The share of the way to the drift forecast that forecasts move (see choose_drift_weight).
+    drift_weight: float = 0.0
     # The epochs the kept weights then trained on every window, the held-out tail's included
     # (TrainConfig.tail_epochs); None when there were none.
     tail: TrainResult | None = None
@@ -728,7 +733,18 @@ def train_model(
         )
         _log_per_band("left padding", ["imputed" if i else "mean" for i in impute_padding], world)
     model.padding_imputed.copy_(torch.tensor(impute_padding))
-    # The intervals are calibrated on the forecasts users get (short histories imputed or not).
+    drift_weight = config.drift_weight
+    if drift_weight is None:
+        drift_weight = 0.0
+        if has_val:
+            drift_weight = choose_drift_weight(
+                model, WindowSet(val.panel, val_origins), config, device, world
+            )
+            if world.is_main:
+                logger.info("drift weight %g, chosen on the validation windows", drift_weight)
+    model.drift_weight.fill_(drift_weight)
+    # The intervals are calibrated on the forecasts users get (short histories imputed or not,
+    # blended with drift).
     interval_scale = config.interval_scale or (1.0,) * N_HISTORY_BANDS
     if model.quantile_head is not None and config.interval_scale is None and has_val:
         interval_scale = calibrate_intervals(
@@ -754,6 +770,7 @@ def train_model(
         kept_restarts=tuple(r for r in restarts if r < best_path),
         interval_scale=interval_scale,
         impute_padding=impute_padding,
+        drift_weight=drift_weight,
     )
 
 
@@ -766,7 +783,10 @@ def _log_per_band(what: str, values: Sequence[str], world: _Distributed) -> None
 def _float(output: NormalizedOutput) -> NormalizedOutput:
     """Losses in float32, whatever the autocast dtype of the forward pass."""
     quantiles = None if output.quantiles is None else output.quantiles.float()
-    return NormalizedOutput(output.mean.float(), quantiles, output.draft.float(), output.stats)
+    drift = None if output.drift is None else output.drift.float()
+    return NormalizedOutput(
+        output.mean.float(), quantiles, output.draft.float(), output.stats, drift
+    )
 
 
 def _mean_across_ranks(value: float, world: _Distributed, device: torch.device) -> float:
@@ -1001,3 +1021,44 @@ def choose_padding_imputation(
     model.padding_imputed.copy_(kept)
     mean_read, imputed = losses
     return tuple(bool(i < m) for i, m in zip(imputed[:, 0], mean_read[:, 0], strict=True))
+
+
+@torch.inference_mode()
+def choose_drift_weight(
+    model: PatchTransformer,
+    windows: WindowSet,
+    config: TrainConfig,
+    device: torch.device,
+    world: _Distributed | None = None,
+) -> float:
+    """The weight of DRIFT_WEIGHTS under which the point forecast, moved that share of the way
+    to the drift forecast (`PatchTransformer.drift_weight`), has the lowest point loss over the
+    validation windows' observed targets, in series units as validation reads it; the smallest
+    such weight on a tie, 0 without a scored target.
+
+    Combining a model with a simple method chosen on held-out windows is what won the M
+    competitions (Makridakis et al., IJF 2020). The network, fitted to many short series at
+    once, extrapolates their trends less than the drift method does; the blend gives back what
+    validation says it misses, and stays at 0 where drift forecasts worse (docs/model-choices.md).
+    `model.drift_weight` is left as it was.
+    """
+    world = world or _Distributed()
+    weights = torch.tensor(DRIFT_WEIGHTS, dtype=torch.float64, device=device)  # (G,)
+    totals = torch.zeros(len(DRIFT_WEIGHTS), dtype=torch.float64, device=device)
+    kept = model.drift_weight.clone()
+    model.drift_weight.zero_()
+    try:
+        for batch, output in _forecast_batches(model, windows, config, device, world):
+            assert output.drift is not None, "an eval-mode forward gives the drift forecast"
+            unit = (output.stats.scale / batch.loss_scale).double()  # (B, 1)
+            target = _normalized_target(batch, output.stats)  # (B, H)
+            mean, drift = output.mean.double(), output.drift.double()
+            # (G, B, H): each weight's blend, its errors counted in series units
+            blended = mean + weights[:, None, None] * (drift - mean)
+            per_step = point_loss_per_step((blended - target) * unit, model.config.loss)
+            totals += (per_step * batch.future_observed_mask).sum(dim=(1, 2))
+    finally:
+        model.drift_weight.copy_(kept)
+    if world.enabled:
+        dist.all_reduce(totals)
+    return DRIFT_WEIGHTS[int(torch.argmin(totals))]

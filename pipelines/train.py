@@ -143,6 +143,8 @@ def train(
         *shorter, summary["interval_scale"] = result.interval_scale
         for band, factor in zip(HISTORY_BANDS[:-1], shorter, strict=True):
             summary[f"interval_scale.history_{band}"] = factor
+        # The share of the way to the drift forecast that forecasts move (0: none).
+        summary["drift_weight"] = result.drift_weight
     if outcome.best_val_loss is not None:
         summary["best_val_loss"] = float(outcome.best_val_loss)
     now = int(time.time() * 1000)

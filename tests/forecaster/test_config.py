@@ -57,6 +57,7 @@ BOUNDS = [
         [None, True, (False,) * BANDS, [True] * BANDS],
         [(True,) * (BANDS - 1)],
     ),
+    (TrainConfig, "drift_weight", [None, 0.0, 1.0], [-0.001, 1.001]),
     (TrainConfig, "glitch_threshold", [None, 0.001], [0.0]),
     (TrainConfig, "seasonal_glitch_factor", [None, 0.001], [0.0]),
     (TrainConfig, "zero_glitch_ratio", [None, 0.0, 0.999], [-0.001, 1.0]),
@@ -109,7 +110,9 @@ def test_a_model_of_width_one_is_a_model():
         ModelConfig(),
         ModelConfig(quantiles=(0.05, 0.5, 0.95), covariates=("promo",), context_length=48),
         TrainConfig(),
-        TrainConfig(impute_padding=True, interval_scale=1.2, replay_restarts=(0, 2)),
+        TrainConfig(
+            impute_padding=True, interval_scale=1.2, replay_restarts=(0, 2), drift_weight=0.3
+        ),
     ],
     ids=["model defaults", "model", "train defaults", "train"],
 )

@@ -474,6 +474,31 @@ def test_the_interval_scale_is_saved_and_a_model_saved_before_it_loads(series, t
     pd.testing.assert_frame_equal(older.predict(series), model.predict(series), check_exact=True)
 
 
+def test_the_drift_weight_is_saved_replayed_and_a_model_saved_before_it_loads(series, tmp_path):
+    config = TrainConfig(**{**TINY_TRAIN, "max_epochs": 1, "drift_weight": 0.4})
+    model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
+    assert model.refit_config().drift_weight == model.train_result.drift_weight == 0.4
+    reloaded = Forecaster.load(model.save(tmp_path / "model"))
+    assert reloaded.model.drift_weight.item() == pytest.approx(0.4)
+    pd.testing.assert_frame_equal(reloaded.predict(series), model.predict(series), check_exact=True)
+    # A model saved before the blend has neither the field nor the tensor: no blend.
+    meta_file = tmp_path / "model" / "config.json"
+    weights_file = tmp_path / "model" / "model.safetensors"
+    meta = json.loads(meta_file.read_text())
+    del meta["train_config"]["drift_weight"]
+    meta_file.write_text(json.dumps(meta))
+    weights = load_file(weights_file)
+    del weights["drift_weight"]
+    save_file(weights, weights_file)
+    model.model.drift_weight.zero_()
+    # Its reference forecast, which load verifies, was made without a blend.
+    reference = {k: v.tolist() for k, v in model._reference_forecast().items()}
+    (tmp_path / "model" / "reference.json").write_text(json.dumps(reference))
+    reseal(tmp_path / "model")
+    older = Forecaster.load(tmp_path / "model")
+    pd.testing.assert_frame_equal(older.predict(series), model.predict(series), check_exact=True)
+
+
 def test_a_model_saved_before_the_naive_head_loads_and_forecasts_as_before(series, tmp_path):
     """Its config has no `naive_head` field and its weights no such head: it loads with a
     head that leaves the draft as it is, and forecasts the draft and its correction, as that

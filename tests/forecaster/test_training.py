@@ -748,3 +748,88 @@ def test_without_validation_the_padding_is_read_as_the_mean_in_every_band(series
     model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(series)
     assert model.train_result.impute_padding == (False,) * N_HISTORY_BANDS
     assert not model.model.padding_imputed.any()
+
+
+def trending(n_series: int = 24, seed: int = 0) -> pd.DataFrame:
+    """Short yearly series on straight lines of their own level and slope, a little noise:
+    what the drift method forecasts and a model of two epochs does not yet."""
+    rng = np.random.default_rng(seed)
+    frames = []
+    for k in range(n_series):
+        n = int(rng.integers(12, 30))
+        t = np.arange(n)
+        y = 100 + 50 * rng.random() + (2 + 8 * rng.random()) * t + rng.normal(0, 0.5, n)
+        ds = pd.date_range("1990-01-01", periods=n, freq="YS")
+        frames.append(pd.DataFrame({"unique_id": f"s{k}", "ds": ds, "y": y}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_the_drift_weight_is_the_one_whose_blend_validates_best():
+    """The fit's weight is the grid's argmin of the validation loss as `evaluate_loss` reads
+    it with the weight installed; on trending series that is a real blend, not 0."""
+    data = trending()
+    config = TrainConfig(**{**TINY_TRAIN, "tail_epochs": 0})
+    model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(data)
+    chosen = model.train_result.drift_weight
+    assert chosen > 0
+    assert model.model.drift_weight.item() == chosen
+    mc, cpu = model.model_config, torch.device("cpu")
+    panel = SeriesPanel.from_validated(validate_long_frame(data), mc)
+    _, val, _ = _hold_out_tail(panel, mc.prediction_length)
+    losses = {}
+    for weight in training.DRIFT_WEIGHTS:
+        model.model.drift_weight.fill_(weight)
+        losses[weight] = evaluate_loss(model.model, val, config, cpu)
+    assert losses[chosen] == pytest.approx(min(losses.values()), rel=1e-6)
+    assert losses[chosen] < losses[0.0]
+    model.model.drift_weight.fill_(0.5)
+    assert training.choose_drift_weight(model.model, val, config, cpu) == chosen
+    assert model.model.drift_weight.item() == 0.5  # left as it was
+
+
+def test_seasonal_series_are_not_blended_with_drift(fitted):
+    """Drift extrapolates a daily cycle's last swing: validation keeps the model's forecast."""
+    assert fitted.train_result.drift_weight == 0.0
+    assert fitted.model.drift_weight.item() == 0.0
+
+
+def test_at_weight_one_a_short_series_is_forecast_by_the_drift_method():
+    """The blend's other end is FPP3's drift method: the last value plus the mean step from
+    the first observation (every series here is shorter than the drift span)."""
+    data = trending()
+    config = TrainConfig(**{**TINY_TRAIN, "max_epochs": 1, "drift_weight": 1.0})
+    model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(data)
+    assert model.train_result.drift_weight == 1.0
+    predicted = model.predict(data)
+    for sid, history in data.groupby("unique_id"):
+        y = history["y"].to_numpy()
+        steps = np.arange(1, 9)
+        expected = y[-1] + (y[-1] - y[0]) / (len(y) - 1) * steps
+        got = predicted.loc[predicted["unique_id"] == sid, "mean"].to_numpy()
+        np.testing.assert_allclose(got, expected, rtol=1e-5, err_msg=sid)
+        bands = predicted.loc[predicted["unique_id"] == sid, ["q0.1", "q0.9"]].to_numpy()
+        assert (bands[:, 0] <= got).all() and (got <= bands[:, 1]).all(), sid
+
+
+def test_training_never_applies_the_blend(series):
+    """In training mode the network's own forecast is trained: a weight installed before a
+    fit changes nothing of its losses, only what eval mode forecasts."""
+    mc = ModelConfig(**TINY_MODEL)
+    torch.manual_seed(0)
+    model = PatchTransformer(mc)
+    panel = SeriesPanel.from_validated(validate_long_frame(series), mc)
+    batch = gather_windows(panel, panel.window_origins(mc.prediction_length)[:16], 32, 8)
+    inputs = (batch.past_values, batch.past_observed_mask)
+    model.train()
+    torch.manual_seed(1)
+    plain, _ = model(*inputs)
+    model.drift_weight.fill_(0.7)
+    torch.manual_seed(1)
+    blended_in_training, _ = model(*inputs)
+    assert torch.equal(plain.mean, blended_in_training.mean)
+    assert blended_in_training.drift is None
+    model.eval()
+    out, _ = model(*inputs)
+    model.drift_weight.zero_()
+    base, _ = model(*inputs)
+    torch.testing.assert_close(out.mean, torch.lerp(base.mean, base.drift, 0.7))

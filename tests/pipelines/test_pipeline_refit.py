@@ -77,6 +77,9 @@ def test_the_promoted_configuration_is_refit_on_all_data_and_serves(tmp_path):
     for name, scale in zip(("L/32", "L/16", "L/8", "L/4", "L/2"), scales[:-1], strict=True):
         assert run.data.metrics[f"interval_scale.history_up_to_{name}"] == pytest.approx(scale)
     assert "interval_scale.history_beyond_L/2" not in run.data.metrics
+    # And its blend with drift, which the run records as a metric.
+    assert model.model.drift_weight.item() == twin.model.drift_weight.item()
+    assert run.data.metrics["drift_weight"] == pytest.approx(twin.model.drift_weight.item())
     # So does its reading of the left padding, which the run records.
     imputed = twin.model.padding_imputed.tolist()
     assert model.model.padding_imputed.tolist() == imputed

@@ -532,11 +532,11 @@ class TrainConfig:
     # the simplest trend method (PatchTransformer.drift_weight). None: after training, the
     # weight of DRIFT_WEIGHTS (0, 0.1 .. 1) under which the validation windows' point loss is
     # lowest, 0 without them; a refit replays the evaluated run's (TrainResult.drift_weight).
-    # A global model fitted on many short trending series (yearly data) learns less of their
-    # trends than drift extrapolates: on the yearly competition sets validation chose 0.6-0.7
-    # and the holdout OWA of M3 Yearly went 0.925 -> 0.878 (docs/model-choices.md, A blend
-    # with drift chosen on validation); where drift forecasts badly (seasonal or mean-reverting
-    # data) validation keeps 0.
+    # A global model fitted on many short trending series learns less of their trends than
+    # drift extrapolates: validation chose 0.1-0.2 on M3 Yearly and the quarterly competition
+    # sets (paired holdout OWA 1-2 % better at two seeds) and 0.6 on M1 Yearly (2-3 % worse);
+    # where drift forecasts badly (ETTh1, M4 Hourly, seasonal or mean-reverting data) it
+    # keeps 0 (docs/model-choices.md, A blend with drift chosen on validation).
     drift_weight: float | None = None
     # Factors on the quantiles' offsets from the point forecast, one per band of
     # HISTORY_EDGES (a window that sees at most L/32 of history first, more than L/2 last); one

@@ -530,13 +530,14 @@ class TrainConfig:
     # The share of the way from the point forecast to the drift forecast (the last value with
     # the observed history's mean step) that forecasts move: a combination of the network with
     # the simplest trend method (PatchTransformer.drift_weight). None: after training, the
-    # weight of DRIFT_WEIGHTS (0, 0.1 .. 1) under which the validation windows' point loss is
-    # lowest, 0 without them; a refit replays the evaluated run's (TrainResult.drift_weight).
-    # A global model fitted on many short trending series learns less of their trends than
-    # drift extrapolates: validation chose 0.1-0.2 on M3 Yearly and the quarterly competition
-    # sets (paired holdout OWA 1-2 % better at two seeds) and 0.6 on M1 Yearly (2-3 % worse);
-    # where drift forecasts badly (ETTh1, M4 Hourly, seasonal or mean-reverting data) it
-    # keeps 0 (docs/model-choices.md, A blend with drift chosen on validation).
+    # weight of DRIFT_WEIGHTS (0, 0.1 .. 1) under which the validation windows' point loss,
+    # each series' errors counted in MASE's unit, is lowest, 0 without them; a refit replays
+    # the evaluated run's (TrainResult.drift_weight). A global model fitted on many short
+    # trending series learns less of their trends than drift extrapolates: validation chose
+    # 0.3 on the yearly competition sets and 0.1-0.2 on the quarterly ones (paired holdout OWA
+    # 1-3 % better); where drift forecasts badly (ETTh1, M4 Hourly, seasonal or
+    # mean-reverting data) it keeps 0 (docs/model-choices.md, A blend with drift chosen on
+    # validation).
     drift_weight: float | None = None
     # Factors on the quantiles' offsets from the point forecast, one per band of
     # HISTORY_EDGES (a window that sees at most L/32 of history first, more than L/2 last); one

@@ -60,6 +60,7 @@ from forecaster.windows import (
     SeriesPanel,
     WindowBatch,
     gather_windows,
+    mase_units,
     with_frequency_masking,
     with_history,
     with_outages,
@@ -797,6 +798,11 @@ def _mean_across_ranks(value: float, world: _Distributed, device: torch.device) 
     return float(tensor.item() / world.world_size)
 
 
+def _shard(origins: np.ndarray, world: _Distributed) -> np.ndarray:
+    """This rank's share of `origins`, in the order `_forecast_batches` forecasts them."""
+    return origins[world.rank :: world.world_size]
+
+
 def _forecast_batches(
     model: PatchTransformer,
     windows: WindowSet,
@@ -809,8 +815,8 @@ def _forecast_batches(
     with `history` (W,), each window cut to that many steps of history (`with_history`)."""
     mc = model.config
     model.eval()
-    shard = windows.origins[world.rank :: world.world_size]
-    kept = None if history is None else history[world.rank :: world.world_size]
+    shard = _shard(windows.origins, world)
+    kept = None if history is None else _shard(history, world)
     for begin in range(0, len(shard), config.predict_batch_size):
         chunk = shard[begin : begin + config.predict_batch_size]
         batch = gather_windows(windows.panel, chunk, mc.context_length, mc.prediction_length).to(
@@ -1033,27 +1039,40 @@ def choose_drift_weight(
 ) -> float:
     """The weight of DRIFT_WEIGHTS under which the point forecast, moved that share of the way
     to the drift forecast (`PatchTransformer.drift_weight`), has the lowest point loss over the
-    validation windows' observed targets, in series units as validation reads it; the smallest
-    such weight on a tie, 0 without a scored target.
+    validation windows' observed targets, each series' errors counted in MASE's unit (its
+    in-sample change over a season, `mase_units`); the smallest such weight on a tie, 0
+    without a scored target.
 
     Combining a model with a simple method chosen on held-out windows is what won the M
     competitions (Makridakis et al., IJF 2020). The network, fitted to many short series at
     once, extrapolates their trends less than the drift method does; the blend gives back what
     validation says it misses, and stays at 0 where drift forecasts worse (docs/model-choices.md).
-    `model.drift_weight` is left as it was.
+    The unit is the scale-free one forecasts are compared with the simple methods in (MASE:
+    Hyndman and Koehler, IJF 2006), not the training loss's RMS: the RMS of a series that has
+    trended far from its start is mostly its level, so counted against it the errors the blend
+    is for weighed least. `model.drift_weight` is left as it was.
     """
     world = world or _Distributed()
     weights = torch.tensor(DRIFT_WEIGHTS, dtype=torch.float64, device=device)  # (G,)
     totals = torch.zeros(len(DRIFT_WEIGHTS), dtype=torch.float64, device=device)
+    panel = windows.panel
+    per_series = mase_units(
+        panel.values, panel.offsets, model.config.season_length or 1, panel.loss_scale
+    )  # (S,)
+    window_units = torch.from_numpy(per_series[panel.series_of(_shard(windows.origins, world))])
     kept = model.drift_weight.clone()
     model.drift_weight.zero_()
+    done = 0
     try:
         for batch, output in _forecast_batches(model, windows, config, device, world):
             assert output.drift is not None, "an eval-mode forward gives the drift forecast"
-            unit = (output.stats.scale / batch.loss_scale).double()  # (B, 1)
+            size = batch.past_values.shape[0]
+            series_unit = window_units[done : done + size, None].to(device)  # (B, 1)
+            done += size
+            unit = output.stats.scale.double() / series_unit  # (B, 1): normalised -> MASE units
             target = _normalized_target(batch, output.stats)  # (B, H)
             mean, drift = output.mean.double(), output.drift.double()
-            # (G, B, H): each weight's blend, its errors counted in series units
+            # (G, B, H): each weight's blend, its errors counted in MASE units
             blended = mean + weights[:, None, None] * (drift - mean)
             per_step = point_loss_per_step((blended - target) * unit, model.config.loss)
             totals += (per_step * batch.future_observed_mask).sum(dim=(1, 2))

@@ -130,12 +130,21 @@ def series_scales(
         scale = np.where(scale > 0, scale, 1.0)
         if unit == "rms":
             return scale
-        change = panel_mase_scales(values, offsets, season)
-        return np.where(np.isnan(change), scale, np.sqrt(scale * change))
+        return np.sqrt(scale * mase_units(values, offsets, season, scale))
     fallback = np.where(level > 0, level, 1.0)
     # Relative, so that a series in small units that moves keeps its std; looser than the
     # scaler's bound (`constant_tolerance`) because numpy sums a whole series sequentially.
     return np.where(std > 1e-10 * level, std, fallback)
+
+
+def mase_units(
+    values: np.ndarray, offsets: np.ndarray, season: int, fallback: np.ndarray
+) -> np.ndarray:
+    """Per series: MASE's scale over `season` steps (`forecaster.metrics.panel_mase_scales`,
+    the metric's own), or its `fallback` (n_series,) unit where it has none (no change
+    between observed values)."""
+    change = panel_mase_scales(values, offsets, season)
+    return np.where(np.isnan(change), fallback, change)
 
 
 def covariate_matrix(frame: LongColumns, config: ModelConfig) -> np.ndarray:

@@ -765,8 +765,10 @@ def trending(n_series: int = 24, seed: int = 0) -> pd.DataFrame:
 
 
 def test_the_drift_weight_is_the_one_whose_blend_validates_best():
-    """The fit's weight is the grid's argmin of the validation loss as `evaluate_loss` reads
-    it with the weight installed; on trending series that is a real blend, not 0."""
+    """The fit's weight is the grid's argmin of the validation windows' mean absolute error,
+    each series' errors over its MASE scale (the mean absolute one-step change of its
+    history, the seasonal naive's in-sample error); on trending series that is a real blend,
+    not 0."""
     data = trending()
     config = TrainConfig(**{**TINY_TRAIN, "tail_epochs": 0})
     model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(data)
@@ -776,15 +778,59 @@ def test_the_drift_weight_is_the_one_whose_blend_validates_best():
     mc, cpu = model.model_config, torch.device("cpu")
     panel = SeriesPanel.from_validated(validate_long_frame(data), mc)
     _, val, _ = _hold_out_tail(panel, mc.prediction_length)
-    losses = {}
-    for weight in training.DRIFT_WEIGHTS:
-        model.model.drift_weight.fill_(weight)
-        losses[weight] = evaluate_loss(model.model, val, config, cpu)
-    assert losses[chosen] == pytest.approx(min(losses.values()), rel=1e-6)
-    assert losses[chosen] < losses[0.0]
+    batch = gather_windows(panel, val.origins, mc.context_length, mc.prediction_length)
+    # Yearly data has no season: MASE's scale is each whole series' mean absolute step.
+    steps = {
+        k: np.abs(np.diff(panel.values[panel.offsets[k] : panel.offsets[k + 1]])).mean()
+        for k in range(len(panel.series_ids))
+    }
+    scale = np.array([steps[k] for k in panel.series_of(val.origins)])[:, None]  # (W, 1)
+    target = batch.future_values.numpy()
+    observed = batch.future_observed_mask.numpy()
+    errors = {}
+    with torch.no_grad():
+        for weight in training.DRIFT_WEIGHTS:
+            model.model.drift_weight.fill_(weight)
+            out, _ = model.model.eval()(batch.past_values, batch.past_observed_mask)
+            forecast = out.denormalize().mean.double().numpy()
+            errors[weight] = (np.abs(forecast - target) / scale)[observed].mean()
+    assert errors[chosen] == pytest.approx(min(errors.values()), rel=1e-6)
+    assert errors[chosen] < errors[0.0]
     model.model.drift_weight.fill_(0.5)
     assert training.choose_drift_weight(model.model, val, config, cpu) == chosen
     assert model.model.drift_weight.item() == 0.5  # left as it was
+
+
+def test_a_series_level_does_not_weigh_in_the_drift_weight():
+    """Counted in each series' MASE unit (its change, not its level), a series weighs the
+    same in the choice wherever it sits. Half the series trend (drift forecasts them), half
+    are noise about a level (drift follows their last reading, a poor guess): the same model
+    chooses the same weight when the trending ones are lifted by 100,000. The forecasts and
+    the drift move with the level, so only the unit could change the choice; counted against
+    each series' RMS, the lifted series would weigh a thousandth and the noisy ones decide."""
+    rng = np.random.default_rng(1)
+    noisy = [
+        pd.DataFrame(
+            {
+                "unique_id": f"n{k}",
+                "ds": pd.date_range("1990-01-01", periods=25, freq="YS"),
+                "y": 100 + rng.normal(0, 5, 25),
+            }
+        )
+        for k in range(12)
+    ]
+    data = pd.concat([trending(12), *noisy], ignore_index=True)
+    config = TrainConfig(**{**TINY_TRAIN, "tail_epochs": 0})
+    model = Forecaster(ModelConfig(**TINY_MODEL), config).fit(data)
+    mc, cpu = model.model_config, torch.device("cpu")
+    choices = []
+    for lift in (0.0, 1e5):
+        trend = data["unique_id"].str.startswith("s")
+        lifted = data.assign(y=np.where(trend, data["y"] + lift, data["y"]))
+        panel = SeriesPanel.from_validated(validate_long_frame(lifted), mc)
+        _, val, _ = _hold_out_tail(panel, mc.prediction_length)
+        choices.append(training.choose_drift_weight(model.model, val, config, cpu))
+    assert 0 < choices[0] == choices[1] == model.train_result.drift_weight
 
 
 def test_seasonal_series_are_not_blended_with_drift(fitted):
